@@ -1,0 +1,117 @@
+"""Choosing the lookahead γ online.
+
+Leviathan et al. 2023 (section 3.4): with per-token acceptance rate α, a verify pass over γ
+draft tokens yields E[tokens] = (1 - α^(γ+1)) / (1 - α). Whether a longer draft pays depends
+on what drafting and verifying cost, which this CPU or that GPU decides, not the paper.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from .trace import Step
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Mean tokens per verify pass for acceptance rate alpha and γ draft tokens (bonus included)."""
+    if alpha >= 1:
+        return gamma + 1.0
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def expected_speedup(alpha: float, gamma: int, draft_cost: float, verify_cost: float = 1.0) -> float:
+    """Leviathan's improvement factor: tokens per pass over the pass's cost in plain-decode steps.
+
+    draft_cost: one draft step / one target decode step; verify_cost: a γ+1 token verify pass /
+    one target decode step (1 in the paper's ideal, measured here: larger on a CPU).
+    """
+    return expected_tokens(alpha, gamma) / (gamma * draft_cost + verify_cost)
+
+
+def check_gamma(gamma: int) -> int:
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+        raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
+    return gamma
+
+
+class GammaPolicy(ABC):
+    name = "policy"
+
+    @abstractmethod
+    def gamma(self) -> int:
+        """How many tokens to draft in the next step."""
+
+    def update(self, step: Step) -> None:
+        """Learn from the step just taken."""
+
+
+class FixedGamma(GammaPolicy):
+    name = "fixed"
+
+    def __init__(self, gamma: int):
+        self.k = check_gamma(gamma)
+
+    def gamma(self) -> int:
+        return self.k
+
+
+class HeuristicGamma(GammaPolicy):
+    """transformers' schedule: +2 after a fully accepted draft, -1 otherwise (never below 1)."""
+    name = "heuristic"
+
+    def __init__(self, start: int = 5, max_gamma: int = 32):
+        self.k, self.max_gamma = float(check_gamma(start)), check_gamma(max_gamma)
+
+    def gamma(self) -> int:
+        return int(self.k)
+
+    def update(self, step: Step) -> None:
+        if step.gamma == 0:
+            return
+        self.k = min(self.max_gamma, self.k + 2) if step.bonus else max(1.0, self.k - 1)
+
+
+class CostAwareGamma(GammaPolicy):
+    """Ours: pick γ maximising expected tokens per second from what this run has measured.
+
+    α is a decayed maximum-likelihood estimate (accepted / (accepted + rejections)); the
+    draft step time and a linear verify-time model t(n) = a + b·n are fitted from the trace.
+    """
+    name = "cost-aware"
+
+    def __init__(self, start: int = 5, max_gamma: int = 16, decay: float = 0.9, warmup: int = 3):
+        self.k, self.max_gamma, self.decay, self.warmup = check_gamma(start), check_gamma(max_gamma), decay, warmup
+        self.accepted = self.rejected = 0.0
+        self.draft_time = self.draft_tokens = 0.0
+        self.sums = [0.0] * 5  # decayed sums for the verify fit: w, n, t, n·n, n·t
+        self.n_steps = 0
+
+    def update(self, step: Step) -> None:
+        if step.gamma == 0:
+            return
+        d = self.decay
+        self.n_steps += 1
+        self.accepted = d * self.accepted + step.n_accepted
+        self.rejected = d * self.rejected + (0 if step.bonus else 1)
+        self.draft_time = d * self.draft_time + step.draft_time
+        self.draft_tokens = d * self.draft_tokens + step.gamma
+        n, t = step.gamma + 1, step.verify_time
+        self.sums = [d * s + x for s, x in zip(self.sums, (1.0, n, t, n * n, n * t))]
+
+    def verify_time(self, n_tokens: int) -> float:
+        """Fitted seconds for a verify pass of n_tokens (flat when only one size was seen)."""
+        w, sn, st, snn, snt = self.sums
+        var = snn / w - (sn / w) ** 2
+        slope = max(0.0, (snt / w - sn * st / w ** 2) / var) if var > 1e-9 else 0.0
+        return st / w + slope * (n_tokens - sn / w)
+
+    def gamma(self) -> int:
+        if self.n_steps < self.warmup:
+            return self.k
+        alpha = self.accepted / max(1e-9, self.accepted + self.rejected)
+        t_draft = self.draft_time / max(1e-9, self.draft_tokens)
+
+        def tokens_per_second(g: int) -> float:
+            return expected_tokens(alpha, g) / (g * t_draft + max(1e-9, self.verify_time(g + 1)))
+
+        self.k = max(range(1, self.max_gamma + 1), key=tokens_per_second)
+        return self.k

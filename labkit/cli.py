@@ -1,0 +1,130 @@
+"""`python -m labkit ...`: generate with or without speculation, list and fetch the models.
+
+    python -m labkit generate --drafter draft --gamma 5 --temperature 0 --max-new-tokens 64 --prompt "..."
+    python -m labkit generate --drafter lookup --json --prompt "..."     # one JSON object on stdout
+    python -m labkit models | python -m labkit fetch
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+DRAFTERS = ("draft", "lookup", "none")
+POLICIES = ("fixed", "heuristic", "cost-aware")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .hub import DEFAULT_DRAFT, DEFAULT_TARGET
+    ap = argparse.ArgumentParser(prog="python -m labkit", description="labkit: speculative decoding, measured")
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="decode one prompt, showing accepted / rejected / bonus tokens")
+    g.add_argument("--prompt", help="the prompt text (or use --prompt-file)")
+    g.add_argument("--prompt-file", help="read the prompt from this file ('-' for stdin)")
+    g.add_argument("--drafter", choices=DRAFTERS, default="draft", help="none = plain autoregressive decoding")
+    g.add_argument("--gamma", type=int, default=5, help="draft tokens per step (the start value when adaptive)")
+    g.add_argument("--policy", choices=POLICIES, default="fixed", help="how gamma changes during the run")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--seed", type=int, default=0, help="seed for sampling")
+    g.add_argument("--target", default=DEFAULT_TARGET, help="preset, local directory or Hub id")
+    g.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for --drafter draft")
+    g.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    g.add_argument("--max-seq-len", type=int, default=4096, help="context to allocate the KV cache for")
+    g.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of coloured text")
+    sub.add_parser("models", help="list the embedded model presets and whether they are on disk")
+    f = sub.add_parser("fetch", help="download, verify and convert presets (all when none named)")
+    f.add_argument("names", nargs="*")
+    return ap
+
+
+def encode_prompt(tokenizer, text: str, chat_template: bool) -> torch.Tensor:
+    """Token ids of the prompt, through the model's chat template unless told not to."""
+    if not text or not text.strip():
+        raise ValueError("the prompt is empty: pass --prompt \"...\" or --prompt-file FILE")
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+    else:
+        ids = tokenizer(text)["input_ids"]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def make_drafter(kind: str, draft_model=None, eos_token_ids=()):
+    from .drafters import DraftModelDrafter, PromptLookupDrafter
+    if kind == "lookup":
+        return PromptLookupDrafter()
+    return DraftModelDrafter(draft_model, eos_token_ids=eos_token_ids)
+
+
+def make_policy(name: str, gamma: int):
+    from .adaptive import CostAwareGamma, FixedGamma, HeuristicGamma
+    return {"fixed": FixedGamma, "heuristic": HeuristicGamma, "cost-aware": CostAwareGamma}[name](gamma)
+
+
+def cmd_generate(a) -> int:
+    from .autoregressive import autoregressive_generate
+    from .loading import check_same_tokenizer, load_model
+    from .render import pieces, to_ansi
+    from .sampling import SamplingConfig
+    from .speculative import speculative_generate
+    sampling = SamplingConfig(a.temperature, a.top_k, a.top_p)
+    policy = make_policy(a.policy, a.gamma)
+    if a.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
+    text = sys.stdin.read() if a.prompt_file == "-" else open(a.prompt_file).read() if a.prompt_file else a.prompt
+    target = load_model(a.target, a.dtype, max_seq_len=a.max_seq_len, progress=not a.json)
+    prompt = encode_prompt(target.tokenizer, text or "", not a.no_chat_template)
+    if a.drafter == "none":
+        out = autoregressive_generate(target.model, prompt, a.max_new_tokens, sampling, target.eos_token_ids, a.seed)
+    else:
+        draft = None
+        if a.drafter == "draft":
+            draft = load_model(a.draft, a.dtype, max_seq_len=a.max_seq_len, progress=not a.json)
+            check_same_tokenizer(target, draft)
+        drafter = make_drafter(a.drafter, draft.model if draft else None, target.eos_token_ids)
+        out = speculative_generate(target.model, drafter, prompt, a.max_new_tokens, policy, sampling,
+                                   target.eos_token_ids, a.seed)
+    text_out = target.tokenizer.decode(out.tokens, skip_special_tokens=True)
+    if a.json:
+        print(json.dumps({"text": text_out, "tokens": out.tokens, "prompt_tokens": prompt.tolist(),
+                          "drafter": a.drafter, "gamma": a.gamma, "policy": a.policy,
+                          "stats": out.trace.summary(), "steps": out.trace.to_dict()["steps"]}))
+    else:
+        print(to_ansi(pieces(out.trace, prompt.tolist(), target.tokenizer), colour=sys.stdout.isatty()))
+        s = out.trace.summary()
+        print(f"\n[{s['method']}] {s['new_tokens']} tokens in {s['total_time']:.2f}s ({s['tokens_per_second']:.1f} tok/s), "
+              f"{s['target_forwards']} target forwards, {s['tokens_per_forward']:.2f} tokens/forward (bonus included), "
+              f"acceptance {s['acceptance_rate']:.2f}, stop: {s['stop_reason']}", file=sys.stderr)
+    return 0
+
+
+def cmd_models(a) -> int:
+    from .hub import PRESETS, is_converted
+    for name, spec in PRESETS.items():
+        print(f"{name:32s} {'on disk' if is_converted(name) else 'not fetched':12s} {spec.hf_id}")
+    return 0
+
+
+def cmd_fetch(a) -> int:
+    from .hub import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+    for name in a.names or [DEFAULT_TARGET, DEFAULT_DRAFT]:
+        print(f"{name}: {resolve_model(name)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .hub import ModelFetchError
+    a = build_parser().parse_args(argv)
+    try:
+        return {"generate": cmd_generate, "models": cmd_models, "fetch": cmd_fetch}[a.command](a)
+    except (ValueError, ModelFetchError, NotImplementedError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,52 @@
+"""A small draft model of the same tokenizer proposes K tokens autoregressively (Leviathan 2023).
+
+It keeps its own KV cache. Each `propose` first feeds the committed tokens it has not
+seen (the last step's accepted tokens and the target's correction/bonus token), then drafts.
+`rollback` truncates its cache to what the target accepted.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..sampling import SamplingConfig, probs_from_logits, sample
+from .base import Drafter, Proposal
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft"
+
+    def __init__(self, model, stop_below: float | None = None, eos_token_ids: tuple[int, ...] = ()):
+        """`stop_below`: stop drafting early once the draft's own top probability drops below it."""
+        if stop_below is not None and not 0 <= stop_below < 1:
+            raise ValueError(f"stop_below must be in [0, 1) or None, got {stop_below}")
+        self.model, self.stop_below, self.eos_token_ids = model, stop_below, set(eos_token_ids)
+        self.cache = None
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.cache = self.model.new_cache()
+
+    @torch.no_grad()
+    def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None = None) -> Proposal:
+        if k == 0:
+            return Proposal(tokens.new_empty(0))
+        unseen = tokens[self.cache.length:].to(self.model.device)                          # (n,) >= 1 token
+        logits = self.model(unseen[None], self.cache, num_logits=1)[0, -1]       # (V,)
+        drafted, q_rows, q_tok = [], [], []
+        for i in range(k):
+            probs = logits.float().softmax(-1) if sampling.greedy else probs_from_logits(logits, sampling)  # (V,)
+            x = probs.argmax() if sampling.greedy else sample(probs, generator)
+            drafted.append(x)
+            q_rows.append(probs)
+            q_tok.append(probs[x])
+            if int(x) in self.eos_token_ids or (self.stop_below is not None and probs.max() < self.stop_below):
+                break
+            if i < k - 1:
+                logits = self.model(x.view(1, 1), self.cache)[0, -1]             # (V,)
+        if not drafted:
+            return Proposal(tokens.new_empty(0))
+        return Proposal(torch.stack(drafted).cpu(), None if sampling.greedy else torch.stack(q_rows).cpu(),
+                        torch.stack(q_tok).cpu())
+
+    def rollback(self, n_valid: int) -> None:
+        self.cache.truncate(min(self.cache.length, n_valid))

@@ -1,0 +1,225 @@
+"""A readable Llama / Qwen2-family decoder: RMSNorm, RoPE, GQA, SwiGLU, optional qkv bias.
+
+Built bottom-up like nanoGPT's model.py. Two things make it fit speculative decoding:
+the KV cache is an explicit argument (see kv_cache.py), and `forward` takes explicit position
+ids and an explicit attention mask, so a chain of draft tokens and a tree of them (a later
+issue) verify through the same code. Module names match transformers' so a checkpoint's
+state dict loads as is; tests check the logits against transformers on the same weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .kv_cache import KVCache
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+@dataclass
+class ModelArgs:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_dim: int                 # SwiGLU inner width
+    head_dim: int = 0               # derived from dim / n_heads when 0
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    qkv_bias: bool = False          # Qwen2 has it, Llama does not (unless attention_bias)
+    o_bias: bool = False            # Llama with attention_bias
+    tie_embeddings: bool = False
+    max_seq_len: int = 4096
+
+    def __post_init__(self):
+        if self.head_dim == 0:
+            self.head_dim = self.dim // self.n_heads
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> "ModelArgs":
+        """Map a transformers config.json (Llama or Qwen2 family) onto ModelArgs."""
+        model_type = cfg.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise NotImplementedError(f"native model covers {SUPPORTED_MODEL_TYPES}, not {model_type!r}; "
+                                      "load it with backend='hf' instead")
+        if cfg.get("rope_scaling") or (cfg.get("rope_parameters") or {}).get("rope_type", "default") != "default":
+            raise NotImplementedError("native model implements plain RoPE only; load this model with backend='hf'")
+        if cfg.get("mlp_bias"):
+            raise NotImplementedError("native model has no MLP biases; load this model with backend='hf'")
+        rope = cfg.get("rope_parameters") or {}
+        return cls(
+            vocab_size=cfg["vocab_size"], dim=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"],
+            n_heads=cfg["num_attention_heads"],
+            n_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            hidden_dim=cfg["intermediate_size"], head_dim=cfg.get("head_dim") or 0,
+            norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+            qkv_bias=model_type == "qwen2" or cfg.get("attention_bias", False),
+            o_bias=model_type == "llama" and cfg.get("attention_bias", False),
+            tie_embeddings=cfg.get("tie_word_embeddings", False),
+            max_seq_len=cfg.get("max_position_embeddings", 4096),
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()                                            # normalise in fp32, as transformers does
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin of shape (B, 1, T, hd) for integer positions (B, T)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
+    angles = positions.float()[..., None] * inv_freq                # (B, T, hd/2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]           # (B, 1, T, hd)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, hd) by position; the half-split layout of transformers' checkpoints."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=args.o_bias)
+
+    def forward(self, x, cos, sin, cache: KVCache, layer: int, mask: torch.Tensor | None):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)      # (B, H, T, hd)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, Hkv, T, hd)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, Hkv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_all, v_all = cache.write(layer, k, v)                                         # (B, Hkv, S, hd)
+        groups = self.n_heads // self.n_kv_heads
+        k_all = k_all.repeat_interleave(groups, dim=1)                                  # (B, H, S, hd)
+        v_all = v_all.repeat_interleave(groups, dim=1)                                  # (B, H, S, hd)
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)             # (B, H, T, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.dim, args.hidden_dim, bias=False)
+        self.up_proj = nn.Linear(args.dim, args.hidden_dim, bias=False)
+        self.down_proj = nn.Linear(args.hidden_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x, cos, sin, cache, layer, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def chain_mask(n_cached: int, n_new: int, device=None) -> torch.Tensor:
+    """Causal mask (T, S) for T new tokens after `n_cached` cached ones: token i sees slots <= n_cached+i."""
+    slots = torch.arange(n_cached + n_new, device=device)
+    return slots[None, :] <= (n_cached + torch.arange(n_new, device=device))[:, None]
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.args.max_seq_len
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
+        """An empty cache for `batch_size` sequences of up to `max_len` tokens (default: the context)."""
+        p = self.embed_tokens.weight
+        return KVCache(self.args.n_layers, batch_size, self.args.n_kv_heads, max_len or self.args.max_seq_len,
+                       self.args.head_dim, p.dtype, p.device)
+
+    def hidden(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Final normed hidden states (B, T, D) of `tokens` (B, T) appended after the cache.
+
+        positions: (B, T) RoPE positions, default cache.length + arange(T) (a tree passes depths).
+        mask: bool (T, S) or (B, 1, T, S) over the S = cache.length + T slots, default causal.
+        """
+        B, T = tokens.shape
+        if cache.length + T > cache.max_len:
+            raise ValueError(f"{cache.length} cached + {T} new tokens exceed the context of {cache.max_len}")
+        if positions is None:
+            positions = (cache.length + torch.arange(T, device=tokens.device)).expand(B, T)
+        if mask is None and T > 1:
+            mask = chain_mask(cache.length, T, tokens.device)
+        cos, sin = rope_cos_sin(positions, self.args.head_dim, self.args.rope_theta, self.embed_tokens.weight.dtype)
+        x = self.embed_tokens(tokens)                                                   # (B, T, D)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, mask)
+        cache.advance(T)
+        return self.norm(x)
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, num_logits: int | None = None) -> torch.Tensor:
+        """Logits (B, T', V) for the last `num_logits` of the T new tokens (all when None)."""
+        h = self.hidden(tokens, cache, positions, mask)                                 # (B, T, D)
+        if num_logits is not None:
+            h = h[:, -num_logits:]
+        return self.lm_head(h).float()                                                  # (B, T', V)
+
+    @torch.no_grad()
+    def init_random(self, std: float = 0.02, seed: int = 0) -> "Transformer":
+        """Random weights, for the tiny test models."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("layernorm.weight") or name == "norm.weight":
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+        return self
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes read per decode step to stream every weight once (tied weights counted once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -1,0 +1,72 @@
+"""Shared fixtures: tiny random models the tests make themselves, so the unit tier runs in seconds.
+
+The real pair (Qwen2.5-Coder 1.5B / 0.5B) is used by tests marked `integration`.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from labkit.model import ModelArgs, Transformer
+
+TINY = dict(vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, qkv_bias=True,
+            tie_embeddings=True, max_seq_len=256)
+
+
+def tiny_model(seed: int = 0, std: float = 0.15, **overrides) -> Transformer:
+    """A random Qwen2-like model; std large enough that its next-token distributions are peaked."""
+    return Transformer(ModelArgs(**{**TINY, **overrides})).init_random(std=std, seed=seed).eval().requires_grad_(False)
+
+
+def perturbed(model: Transformer, scale: float, seed: int = 1) -> Transformer:
+    """A copy of `model` with Gaussian noise on every weight: a draft that agrees with it only partly."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
+    return draft
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> Transformer:
+    return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_target) -> Transformer:
+    return perturbed(tiny_target, scale=0.5)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("LABKIT_INTEGRATION") == "1":
+        return
+    skip = pytest.mark.skip(reason="integration tier: set LABKIT_INTEGRATION=1 (make test does)")
+    for item in items:
+        if "integration" in item.keywords:
+            item.add_marker(skip)
+
+
+def save_tiny_checkpoint(path, model_type: str = "qwen2", vocab_size: int = 128, seed: int = 0, **cfg):
+    """A random transformers checkpoint with a word-level tokenizer, saved like a Hub model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+    config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[model_type]
+    config = config_cls(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                        tie_word_embeddings=model_type == "qwen2", eos_token_id=1, bos_token_id=0,
+                        **({"attention_bias": True} if model_type == "llama" else {}), **cfg)
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in hf.parameters():   # larger weights than the default init: peaked distributions
+            p.normal_(0, 0.15) if p.dim() > 1 else p.normal_(1.0 if p.dim() == 1 and p.shape[0] == 64 else 0, 0.05)
+    hf.save_pretrained(path)
+    vocab = {"<s>": 0, "</s>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w2"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="w2").save_pretrained(path)
+    return hf.eval()

@@ -1,0 +1,102 @@
+"""Greedy speculative decoding equals greedy autoregressive decoding, token for token, and rolls back exactly."""
+import pytest
+import torch
+
+from labkit import (CostAwareGamma, DraftModelDrafter, HeuristicGamma, PromptLookupDrafter, SpeculativeDecoder,
+                    autoregressive_generate, speculative_generate)
+
+from conftest import tiny_model
+
+PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 7])
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["plain", "one-token", "repetitive"])
+def test_draft_model_greedy_equals_autoregressive(tiny_target, tiny_draft, prompt, gamma):
+    ref = autoregressive_generate(tiny_target, prompt, max_new_tokens=40)
+    out = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft), prompt, max_new_tokens=40, gamma=gamma)
+    assert out.tokens == ref.tokens
+    assert out.trace.n_generated == 40 and len(out.tokens) == 40
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["plain", "one-token", "repetitive"])
+def test_prompt_lookup_greedy_equals_autoregressive(tiny_target, prompt, gamma):
+    ref = autoregressive_generate(tiny_target, prompt, max_new_tokens=40)
+    out = speculative_generate(tiny_target, PromptLookupDrafter(), prompt, max_new_tokens=40, gamma=gamma)
+    assert out.tokens == ref.tokens
+
+
+@pytest.mark.parametrize("policy", [lambda: HeuristicGamma(start=3), lambda: CostAwareGamma(start=2)],
+                         ids=["heuristic", "cost-aware"])
+def test_adaptive_gamma_greedy_equals_autoregressive(tiny_target, tiny_draft, policy):
+    prompt = PROMPTS[0]
+    ref = autoregressive_generate(tiny_target, prompt, max_new_tokens=50)
+    out = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft), prompt, 50, gamma=policy())
+    assert out.tokens == ref.tokens
+    assert len({s.gamma for s in out.trace.steps}) > 1, "an adaptive policy should have changed gamma"
+
+
+def test_draft_equal_to_target_accepts_everything(tiny_target):
+    out = speculative_generate(tiny_target, DraftModelDrafter(tiny_target), PROMPTS[0], max_new_tokens=30, gamma=4)
+    assert out.trace.acceptance_rate == 1.0
+    assert all(s.bonus for s in out.trace.steps[:-1])
+    assert out.trace.tokens_per_forward == pytest.approx(30 / out.trace.n_target_forwards)
+    assert out.trace.n_target_forwards == 6   # 5 tokens a pass: 4 drafted + the bonus
+
+
+def test_unrelated_draft_still_exact_and_mostly_rejected(tiny_target):
+    stranger = tiny_model(seed=123)
+    ref = autoregressive_generate(tiny_target, PROMPTS[0], max_new_tokens=30)
+    out = speculative_generate(tiny_target, DraftModelDrafter(stranger), PROMPTS[0], max_new_tokens=30, gamma=3)
+    assert out.tokens == ref.tokens
+    assert out.trace.acceptance_rate < 0.5
+
+
+def test_trace_records_each_step(tiny_target, tiny_draft):
+    out = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft), PROMPTS[0], max_new_tokens=25, gamma=3)
+    steps = out.trace.steps
+    assert sum(s.n_committed for s in steps) == 25
+    committed = [t for s in steps for t in s.proposed[: s.n_accepted] + [s.next_token]]
+    assert committed == out.tokens
+    for s in steps:
+        assert len(s.p_target) == len(s.q_draft) == s.gamma
+        assert all(0 <= p <= 1 for p in s.p_target + s.q_draft)
+        assert s.bonus == (s.n_accepted == s.gamma)
+    assert 0 < out.trace.acceptance_rate < 1
+
+
+def test_rollback_cache_equals_recomputed(tiny_target, tiny_draft):
+    dec = SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_draft), PROMPTS[0], max_new_tokens=30, gamma=4)
+    for _ in range(6):
+        dec.step()
+    assert any(not s.bonus for s in dec.trace.steps), "the test needs at least one rejection"
+    for model, cache in [(tiny_target, dec.cache), (tiny_draft, dec.drafter.cache)]:
+        fresh = model.new_cache()
+        model(torch.tensor(dec.tokens[: cache.length])[None], fresh)
+        assert cache.length <= len(dec.tokens) - 1
+        n = cache.length
+        torch.testing.assert_close(cache.k[:, :, :, :n], fresh.k[:, :, :, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cache.v[:, :, :, :n], fresh.v[:, :, :, :n], rtol=1e-5, atol=1e-5)
+    assert dec.cache.length == len(dec.tokens) - 1
+
+
+def test_eos_inside_draft_stops_there(tiny_target):
+    ref = autoregressive_generate(tiny_target, PROMPTS[0], max_new_tokens=30)
+    eos = ref.tokens[7]
+    first = ref.tokens.index(eos)
+    ref_eos = autoregressive_generate(tiny_target, PROMPTS[0], max_new_tokens=30, eos_token_ids=(eos,))
+    out = speculative_generate(tiny_target, DraftModelDrafter(tiny_target), PROMPTS[0], 30, gamma=5,
+                               eos_token_ids=(eos,))
+    assert out.tokens == ref_eos.tokens == ref.tokens[: first + 1]
+    assert out.trace.stop_reason == "eos"
+
+
+def test_context_limit_stops_cleanly():
+    model = tiny_model(max_seq_len=20)
+    prompt = torch.arange(1, 11)
+    ref = autoregressive_generate(model, prompt, max_new_tokens=50)
+    out = speculative_generate(model, DraftModelDrafter(model), prompt, max_new_tokens=50, gamma=4)
+    assert out.tokens == ref.tokens
+    # 20 slots of context: the 21st token is predicted from position 19 and never needs a slot
+    assert len(prompt) + len(out.tokens) == 21 and out.trace.stop_reason == "context"
