@@ -1,0 +1,66 @@
+# labkit: `make lab` runs the lab, `make test` runs the tests (see README.md).
+#
+#   make venv       .venv with torch (CPU, installed first), requirements.txt and labkit (editable)
+#   make models     download, verify and convert the embedded model pair once (~/.cache/labkit)
+#   make lab        JupyterLab on notebooks/00_tour.ipynb (LAB_PORT=8888, LAB_IP=127.0.0.1)
+#   make test       unit + integration tests and every notebook under strict nbval
+#   make test-fast  unit tier only: tiny random models, no download
+#   make bench      scripts/bench.py on the embedded pair (writes data/bench/)
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# torch goes in first and on its own: installed after its dependants, pip would fetch CUDA builds.
+TORCH_VERSION := 2.13.0
+VENV_STAMP    := $(VENV)/.labkit-installed
+LAB_SETTINGS  := $(VENV)/share/jupyter/lab/settings
+
+LAB_PORT ?= 8888
+LAB_IP   ?= 127.0.0.1
+
+PYTEST_NOTEBOOKS := tests notebooks --nbval --nbval-current-env --nbval-cell-timeout=900 \
+                    --nbval-sanitize-with notebooks/sanitize.cfg
+
+.PHONY: help venv models lab test test-fast bench
+
+help:
+	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install torch==$(TORCH_VERSION)
+	$(PIP) install -r requirements.txt
+	$(PIP) install -e . --no-deps
+	mkdir -p $(LAB_SETTINGS)
+	echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
+	    > $(LAB_SETTINGS)/overrides.json
+	touch $@
+
+models: venv
+	$(PY) -m labkit fetch
+
+lab: venv models
+	@token="$${LAB_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_hex(24))')}"; \
+	root_flag=""; if [ "$$(id -u)" = 0 ]; then root_flag="--allow-root"; fi; \
+	echo; \
+	echo "  labkit is starting. Open this URL in a browser (Ctrl-C here stops the lab):"; \
+	echo; \
+	echo "      http://$(LAB_IP):$(LAB_PORT)/lab/tree/notebooks/00_tour.ipynb?token=$$token"; \
+	echo; \
+	exec $(VENV)/bin/jupyter lab notebooks/00_tour.ipynb --no-browser $$root_flag \
+	    --ServerApp.ip=$(LAB_IP) --ServerApp.port=$(LAB_PORT) --ServerApp.port_retries=0 \
+	    --IdentityProvider.token="$$token"
+
+test: venv models
+	LABKIT_INTEGRATION=1 $(PY) -m pytest $(PYTEST_NOTEBOOKS)
+
+test-fast: venv
+	$(PY) -m pytest tests
+
+bench: venv models
+	$(PY) scripts/bench.py
