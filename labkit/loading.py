@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from .hub import ModelFetchError, resolve_model
-from .model import ModelArgs, Transformer
+from .model import ModelArgs, Transformer, fuse_hf_weights
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
           "fp16": torch.float16, "float16": torch.float16}
@@ -88,7 +88,8 @@ def load_native(path: Path, dtype: torch.dtype, max_seq_len: int) -> Transformer
                               "or point at a directory saved with save_pretrained")
     state = {}
     for f in files:
-        state.update({k.removeprefix("model."): v.to(dtype) for k, v in load_file(f).items()})
+        state.update({k: v.to(dtype) for k, v in load_file(f).items()})
+    state = fuse_hf_weights(state)
     with torch.device("meta"):
         model = Transformer(args)
     if args.tie_embeddings:

@@ -3,8 +3,8 @@
 Built bottom-up like nanoGPT's model.py. Two things make it fit speculative decoding:
 the KV cache is an explicit argument (see kv_cache.py), and `forward` takes explicit position
 ids and an explicit attention mask, so a chain of draft tokens and a tree of them (a later
-issue) verify through the same code. Module names match transformers' so a checkpoint's
-state dict loads as is; tests check the logits against transformers on the same weights.
+issue) verify through the same code. Weights load from transformers checkpoints (q/k/v and
+gate/up fused into one matmul each on load); tests check the logits against transformers.
 """
 from __future__ import annotations
 
@@ -97,16 +97,17 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=args.qkv_bias)
-        self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
-        self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=args.qkv_bias)
+        # q, k and v in one matmul (gpt-fast's wqkv): one weight read, one call instead of three
+        self.qkv_proj = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim, bias=args.qkv_bias)
         self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=args.o_bias)
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, mask: torch.Tensor | None):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)      # (B, H, T, hd)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, Hkv, T, hd)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)   # (B, Hkv, T, hd)
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([q_dim, kv_dim, kv_dim], dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)                  # (B, H, T, hd)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)               # (B, Hkv, T, hd)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)               # (B, Hkv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_all, v_all = cache.write(layer, k, v)                                         # (B, Hkv, S, hd)
         groups = self.n_heads // self.n_kv_heads
@@ -119,12 +120,27 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(args.dim, args.hidden_dim, bias=False)
-        self.up_proj = nn.Linear(args.dim, args.hidden_dim, bias=False)
+        self.hidden_dim = args.hidden_dim
+        self.gate_up_proj = nn.Linear(args.dim, 2 * args.hidden_dim, bias=False)       # gate and up, one matmul
         self.down_proj = nn.Linear(args.hidden_dim, args.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.hidden_dim, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def fuse_hf_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' names (model.layers.i.self_attn.q_proj.weight, ...) -> ours, q/k/v and gate/up concatenated."""
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    for key in [k for k in state if ".self_attn.q_proj." in k]:
+        prefix, kind = key.split(".self_attn.q_proj.")
+        parts = [state.pop(f"{prefix}.self_attn.{n}_proj.{kind}") for n in "qkv"]
+        state[f"{prefix}.self_attn.qkv_proj.{kind}"] = torch.cat(parts, 0)
+    for key in [k for k in state if ".mlp.gate_proj." in k]:
+        prefix = key.split(".mlp.gate_proj.")[0]
+        gate, up = state.pop(key), state.pop(f"{prefix}.mlp.up_proj.weight")
+        state[f"{prefix}.mlp.gate_up_proj.weight"] = torch.cat([gate, up], 0)
+    return state
 
 
 class Block(nn.Module):
@@ -201,7 +217,8 @@ class Transformer(nn.Module):
         """Logits (B, T', V) for the last `num_logits` of the T new tokens (all when None)."""
         h = self.hidden(tokens, cache, positions, mask)                                 # (B, T, D)
         if num_logits is not None:
-            h = h[:, -num_logits:]
+            # standard strides: CPU bf16 matmul of a (B, n, D) slice with the batch stride of (B, T, D) is ~30x slower
+            h = h[:, -num_logits:].clone(memory_format=torch.contiguous_format)
         return self.lm_head(h).float()                                                  # (B, T', V)
 
     @torch.no_grad()

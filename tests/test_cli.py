@@ -1,0 +1,73 @@
+"""The command line: JSON output scripts can rely on, and clear errors (no crash trace) for user mistakes."""
+import json
+
+import pytest
+
+from labkit.cli import main
+
+from conftest import save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    target = tmp_path_factory.mktemp("target")
+    save_tiny_checkpoint(target, "qwen2", seed=0)
+    other_vocab = tmp_path_factory.mktemp("other")
+    save_tiny_checkpoint(other_vocab, "qwen2", vocab_size=100, seed=1)
+    return str(target), str(other_vocab)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def generate(capsys, target, *extra):
+    return run(capsys, "generate", "--target", target, "--draft", target, "--dtype", "fp32", "--no-chat-template",
+               "--prompt", "w5 w9 w27 w4", *extra)
+
+
+@pytest.mark.parametrize("drafter", ["draft", "lookup"])
+def test_json_tokens_equal_plain_decoding(ckpts, capsys, drafter):
+    code, out, _ = generate(capsys, ckpts[0], "--drafter", "none", "--json", "--max-new-tokens", "20")
+    assert code == 0
+    plain = json.loads(out)
+    code, out, _ = generate(capsys, ckpts[0], "--drafter", drafter, "--gamma", "3", "--json", "--max-new-tokens", "20")
+    spec = json.loads(out)
+    assert code == 0 and spec["tokens"] == plain["tokens"] and len(spec["tokens"]) == 20
+    assert spec["stats"]["new_tokens"] == 20 and spec["stats"]["tokens_per_forward"] >= 1
+    assert set(spec) >= {"text", "tokens", "stats", "steps"}
+
+
+def test_plain_text_output_when_not_a_terminal(ckpts, capsys):
+    code, out, err = generate(capsys, ckpts[0], "--max-new-tokens", "8")
+    assert code == 0 and "\033[" not in out and "tokens/forward" in err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--gamma", "0"], "gamma"),
+    (["--top-k", "0", "--temperature", "1"], "top_k"),
+    (["--temperature", "-1"], "temperature"),
+    (["--max-new-tokens", "0"], "max-new-tokens"),
+    (["--max-seq-len", "3"], "context"),
+])
+def test_bad_numbers_get_clear_errors(ckpts, capsys, extra, message):
+    code, out, err = generate(capsys, ckpts[0], *extra)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_empty_prompt(ckpts, capsys):
+    code, _, err = run(capsys, "generate", "--target", ckpts[0], "--prompt", "   ", "--drafter", "lookup")
+    assert code == 2 and "prompt is empty" in err
+
+
+def test_missing_model_directory(capsys, tmp_path):
+    code, _, err = run(capsys, "generate", "--target", str(tmp_path / "nope"), "--prompt", "hi", "--drafter", "none")
+    assert code == 2 and "does not exist" in err
+
+
+def test_draft_with_another_tokenizer(ckpts, capsys):
+    code, _, err = run(capsys, "generate", "--target", ckpts[0], "--draft", ckpts[1], "--prompt", "w5 w6",
+                       "--no-chat-template", "--dtype", "fp32")
+    assert code == 2 and "different tokenizer" in err and "lookup" in err

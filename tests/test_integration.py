@@ -1,0 +1,80 @@
+"""The real embedded pair (Qwen2.5-Coder 1.5B target, 0.5B draft), in fp32: exactness where it matters.
+
+fp32, because near-ties can flip between a 1-token and a k-token forward in bf16; the speed
+runs (scripts/bench.py) use bf16. Run with LABKIT_INTEGRATION=1 (`make test` does).
+"""
+import gc
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from labkit import (CostAwareGamma, DraftModelDrafter, HeuristicGamma, PromptLookupDrafter, autoregressive_generate,
+                    load_model, speculative_generate)
+from labkit.cli import encode_prompt
+from labkit.hub import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+
+pytestmark = pytest.mark.integration
+PROMPT = "Write a Python function that checks whether a string is a palindrome."
+N = 24
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.set_num_threads(2)
+    target, draft = load_model(DEFAULT_TARGET, "fp32"), load_model(DEFAULT_DRAFT, "fp32")
+    ids = encode_prompt(target.tokenizer, PROMPT, chat_template=True)
+    ref = autoregressive_generate(target.model, ids, N, eos_token_ids=target.eos_token_ids)
+    yield target, draft, ids, ref
+    del target, draft
+    gc.collect()
+
+
+def test_native_target_matches_transformers():
+    from transformers import AutoModelForCausalLM
+    native = load_model(DEFAULT_TARGET, "fp32")
+    ids = encode_prompt(native.tokenizer, PROMPT, chat_template=True)[None]
+    with torch.no_grad():
+        ours = native.model(ids, native.model.new_cache())[0]
+        del native
+        gc.collect()
+        hf = AutoModelForCausalLM.from_pretrained(resolve_model(DEFAULT_TARGET), dtype=torch.float32)
+        ref = hf(ids).logits[0]
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+    torch.testing.assert_close(ours, ref, rtol=1e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("gamma", [2, 5])
+def test_draft_model_greedy_equals_autoregressive(pair, gamma):
+    target, draft, ids, ref = pair
+    out = speculative_generate(target.model, DraftModelDrafter(draft.model), ids, N, gamma,
+                               eos_token_ids=target.eos_token_ids)
+    assert out.tokens == ref.tokens
+    assert out.trace.tokens_per_forward > 1.5, "the 0.5B draft should agree with the 1.5B target often"
+
+
+@pytest.mark.parametrize("policy", [HeuristicGamma, CostAwareGamma])
+def test_adaptive_greedy_equals_autoregressive(pair, policy):
+    target, draft, ids, ref = pair
+    out = speculative_generate(target.model, DraftModelDrafter(draft.model), ids, N, policy(4),
+                               eos_token_ids=target.eos_token_ids)
+    assert out.tokens == ref.tokens
+
+
+def test_prompt_lookup_greedy_equals_autoregressive(pair):
+    target, _, ids, ref = pair
+    out = speculative_generate(target.model, PromptLookupDrafter(), ids, N, 4, eos_token_ids=target.eos_token_ids)
+    assert out.tokens == ref.tokens
+
+
+def test_cli_json_from_a_fresh_process(pair):
+    target, _, ids, ref = pair
+    cmd = [sys.executable, "-m", "labkit", "generate", "--drafter", "draft", "--gamma", "4", "--dtype", "fp32",
+           "--max-new-tokens", str(N), "--json", "--prompt", PROMPT]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    assert out["tokens"] == ref.tokens and out["prompt_tokens"] == ids.tolist()
+    assert out["text"] == target.tokenizer.decode(ref.tokens, skip_special_tokens=True)
