@@ -52,7 +52,8 @@ lab: venv models
 	echo; \
 	echo "      http://$(LAB_IP):$(LAB_PORT)/lab/tree/notebooks/00_tour.ipynb?token=$$token"; \
 	echo; \
-	exec $(VENV)/bin/jupyter lab notebooks/00_tour.ipynb --no-browser $$root_flag \
+	exec $(VENV)/bin/jupyter lab --no-browser $$root_flag --ServerApp.root_dir="$(CURDIR)" \
+	    --LabApp.default_url=/lab/tree/notebooks/00_tour.ipynb \
 	    --ServerApp.ip=$(LAB_IP) --ServerApp.port=$(LAB_PORT) --ServerApp.port_retries=0 \
 	    --IdentityProvider.token="$$token"
 
