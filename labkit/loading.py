@@ -88,7 +88,11 @@ def load_native(path: Path, dtype: torch.dtype, max_seq_len: int) -> Transformer
                               "or point at a directory saved with save_pretrained")
     state = {}
     for f in files:
-        state.update({k: v.to(dtype) for k, v in load_file(f).items()})
+        try:
+            state.update({k: v.to(dtype) for k, v in load_file(f).items()})
+        except Exception as e:  # safetensors raises its own error types for truncated or garbled files
+            raise ModelFetchError(f"{f} is corrupted ({e}): delete {path} and run `python -m labkit fetch` "
+                                  "again (or re-save the checkpoint)") from e
     state = fuse_hf_weights(state)
     with torch.device("meta"):
         model = Transformer(args)

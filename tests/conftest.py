@@ -51,9 +51,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def save_tiny_checkpoint(path, model_type: str = "qwen2", vocab_size: int = 128, seed: int = 0, **cfg):
-    """A random transformers checkpoint with a word-level tokenizer, saved like a Hub model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+    """A random transformers checkpoint with a character-level tokenizer, saved like a Hub model."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
     config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[model_type]
     config = config_cls(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -65,8 +64,17 @@ def save_tiny_checkpoint(path, model_type: str = "qwen2", vocab_size: int = 128,
         for p in hf.parameters():   # larger weights than the default init: peaked distributions
             p.normal_(0, 0.15) if p.dim() > 1 else p.normal_(1.0 if p.dim() == 1 and p.shape[0] == 64 else 0, 0.05)
     hf.save_pretrained(path)
-    vocab = {"<s>": 0, "</s>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w2"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="w2").save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
     return hf.eval()
+
+
+def tiny_tokenizer():
+    """Byte-level BPE with no merges: one token per character, which Qwen2's tokenizer class reloads as is."""
+    import string
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    chars = list(string.ascii_letters + string.digits + ".,:;!?()[]{}=+-*/_'\"#<>") + ["Ġ", "Ċ"]   # Ġ space, Ċ newline
+    tok = Tokenizer(models.BPE({"<s>": 0, "</s>": 1, **{c: i + 2 for i, c in enumerate(chars)}}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")

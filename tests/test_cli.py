@@ -25,7 +25,7 @@ def run(capsys, *argv):
 
 def generate(capsys, target, *extra):
     return run(capsys, "generate", "--target", target, "--draft", target, "--dtype", "fp32", "--no-chat-template",
-               "--prompt", "w5 w9 w27 w4", *extra)
+               "--prompt", "def add(a, b):", *extra)
 
 
 @pytest.mark.parametrize("drafter", ["draft", "lookup"])
@@ -50,7 +50,7 @@ def test_plain_text_output_when_not_a_terminal(ckpts, capsys):
     (["--top-k", "0", "--temperature", "1"], "top_k"),
     (["--temperature", "-1"], "temperature"),
     (["--max-new-tokens", "0"], "max-new-tokens"),
-    (["--max-seq-len", "3"], "context"),
+    (["--max-seq-len", "4"], "context"),
 ])
 def test_bad_numbers_get_clear_errors(ckpts, capsys, extra, message):
     code, out, err = generate(capsys, ckpts[0], *extra)
@@ -68,6 +68,15 @@ def test_missing_model_directory(capsys, tmp_path):
 
 
 def test_draft_with_another_tokenizer(ckpts, capsys):
-    code, _, err = run(capsys, "generate", "--target", ckpts[0], "--draft", ckpts[1], "--prompt", "w5 w6",
+    code, _, err = run(capsys, "generate", "--target", ckpts[0], "--draft", ckpts[1], "--prompt", "x = 1",
                        "--no-chat-template", "--dtype", "fp32")
     assert code == 2 and "different tokenizer" in err and "lookup" in err
+
+
+def test_corrupted_weights(tmp_path, capsys):
+    save_tiny_checkpoint(tmp_path, "qwen2")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])   # a download cut in half
+    code, _, err = run(capsys, "generate", "--target", str(tmp_path), "--prompt", "x", "--drafter", "none",
+                       "--no-chat-template")
+    assert code == 2 and "corrupted" in err and "Traceback" not in err

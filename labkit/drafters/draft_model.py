@@ -30,8 +30,8 @@ class DraftModelDrafter(Drafter):
                 generator: torch.Generator | None = None) -> Proposal:
         if k == 0:
             return Proposal(tokens.new_empty(0))
-        unseen = tokens[self.cache.length:].to(self.model.device)                          # (n,) >= 1 token
-        logits = self.model(unseen[None], self.cache, num_logits=1)[0, -1]       # (V,)
+        unseen = tokens[self.cache.length:].to(self.model.device)                 # (n,): >= 1 committed token
+        logits = self.model(unseen[None], self.cache, num_logits=1)[0, -1].cpu()  # (V,), sampled on the host
         drafted, q_rows, q_tok = [], [], []
         for i in range(k):
             probs = logits.float().softmax(-1) if sampling.greedy else probs_from_logits(logits, sampling)  # (V,)
@@ -42,11 +42,8 @@ class DraftModelDrafter(Drafter):
             if int(x) in self.eos_token_ids or (self.stop_below is not None and probs.max() < self.stop_below):
                 break
             if i < k - 1:
-                logits = self.model(x.view(1, 1), self.cache)[0, -1]             # (V,)
-        if not drafted:
-            return Proposal(tokens.new_empty(0))
-        return Proposal(torch.stack(drafted).cpu(), None if sampling.greedy else torch.stack(q_rows).cpu(),
-                        torch.stack(q_tok).cpu())
+                logits = self.model(x.view(1, 1).to(self.model.device), self.cache)[0, -1].cpu()  # (V,)
+        return Proposal(torch.stack(drafted), None if sampling.greedy else torch.stack(q_rows), torch.stack(q_tok))
 
     def rollback(self, n_valid: int) -> None:
         self.cache.truncate(min(self.cache.length, n_valid))
