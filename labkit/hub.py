@@ -199,7 +199,9 @@ def resolve_model(name_or_path: str, progress: bool = True) -> str:
             raise ModelFetchError(f"{path} has no config.json: point at a directory saved with save_pretrained "
                                   f"(or use a preset: {', '.join(PRESETS)})")
         return str(path)
-    if os.sep in name_or_path and not re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path) or name_or_path[:1] in ".~/":
+    looks_like_path = name_or_path[:1] in ".~/" or (os.sep in name_or_path
+                                                     and not re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path))
+    if looks_like_path:
         raise ModelFetchError(f"{name_or_path} does not exist. Use a preset ({', '.join(PRESETS)}), "
                               "a local directory with config.json, or a Hub id such as Qwen/Qwen2.5-0.5B-Instruct")
     return name_or_path

@@ -78,3 +78,18 @@ def test_cli_json_from_a_fresh_process(pair):
     out = json.loads(res.stdout)
     assert out["tokens"] == ref.tokens and out["prompt_tokens"] == ids.tolist()
     assert out["text"] == target.tokenizer.decode(ref.tokens, skip_special_tokens=True)
+
+
+def test_fallback_smollm2_runs_natively_and_matches_transformers():
+    """The documented fallback (a Llama-architecture 135M model) on the native path, and prompt lookup on it."""
+    from transformers import AutoModelForCausalLM
+    small = load_model("smollm2-135m-instruct", "fp32")
+    assert small.backend == "native"
+    ids = encode_prompt(small.tokenizer, "List three colours, then list them again in reverse order.", True)
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m-instruct"), dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(small.model(ids[None], small.model.new_cache())[0], hf(ids[None]).logits[0],
+                                   rtol=1e-3, atol=2e-3)
+    ref = autoregressive_generate(small.model, ids, 40, eos_token_ids=small.eos_token_ids)
+    out = speculative_generate(small.model, PromptLookupDrafter(), ids, 40, 4, eos_token_ids=small.eos_token_ids)
+    assert out.tokens == ref.tokens
