@@ -1,0 +1,33 @@
+"""The cache's rollback methods: truncate for chains, commit_path for trees."""
+import pytest
+import torch
+
+from labkit import KVCache
+
+
+def filled(n: int) -> KVCache:
+    cache = KVCache(n_layers=2, batch_size=1, n_kv_heads=1, max_len=16, head_dim=3, dtype=torch.float32)
+    for layer in range(2):
+        slots = torch.arange(n, dtype=torch.float32).view(1, 1, n, 1).expand(1, 1, n, 3)   # slot s holds s
+        cache.write(layer, slots + 100 * layer, -slots)
+    cache.advance(n)
+    return cache
+
+
+def test_truncate_then_overwrite():
+    cache = filled(6)
+    cache.truncate(4)
+    assert cache.length == 4 and cache.room() == 12
+    k, v = cache.write(0, torch.full((1, 1, 1, 3), 42.0), torch.zeros(1, 1, 1, 3))
+    assert k.shape[2] == 5 and k[0, 0, 4, 0] == 42 and k[0, 0, 3, 0] == 3
+    with pytest.raises(ValueError, match="cannot truncate"):
+        cache.truncate(7)
+
+
+def test_commit_path_keeps_the_accepted_nodes_in_order():
+    cache = filled(8)                           # slots 0..2 prefix, 3..7 tree nodes 0..4
+    cache.commit_path(torch.tensor([0, 2, 4]), start=3)
+    assert cache.length == 6
+    assert cache.k[0, 0, 0, :6, 0].tolist() == [0, 1, 2, 3, 5, 7]
+    assert cache.k[1, 0, 0, :6, 0].tolist() == [100, 101, 102, 103, 105, 107]
+    assert cache.v[0, 0, 0, :6, 0].tolist() == [0, -1, -2, -3, -5, -7]
