@@ -3,6 +3,7 @@
     python -m labkit generate --drafter draft --gamma 5 --temperature 0 --max-new-tokens 64 --prompt "..."
     python -m labkit generate --drafter lookup --json --prompt "..."     # one JSON object on stdout
     python -m labkit models | python -m labkit fetch
+    python -m labkit bench --questions data/questions/labkit_bench.jsonl --limit 2 --out /tmp/bench
 """
 from __future__ import annotations
 
@@ -40,7 +41,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the embedded model presets and whether they are on disk")
     f = sub.add_parser("fetch", help="download, verify and convert presets (all when none named)")
     f.add_argument("names", nargs="*")
+    add_bench_parser(sub)
     return ap
+
+
+def add_bench_parser(sub) -> None:
+    from .bench.methods import METHODS
+    from .hub import DEFAULT_DRAFT, DEFAULT_TARGET
+    b = sub.add_parser("bench", help="Spec-Bench-style run of every method on a question file (resumable)")
+    b.add_argument("--questions", required=True, help="Spec-Bench jsonl: question_id, category, turns")
+    b.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from: {','.join(METHODS)}")
+    b.add_argument("--categories", default=None, help="comma-separated categories to run (default: all)")
+    b.add_argument("--limit", type=int, default=None, help="the first N questions only (after --categories)")
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--gamma", type=int, default=4, help="draft tokens per step (the start value when adaptive)")
+    b.add_argument("--lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    b.add_argument("--target", default=DEFAULT_TARGET)
+    b.add_argument("--draft", default=DEFAULT_DRAFT)
+    b.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    b.add_argument("--threads", type=int, default=torch.get_num_threads())
+    b.add_argument("--no-chat-template", action="store_true", help="feed each first turn as raw text")
+    b.add_argument("--out", default="bench_out", help="results.jsonl, tables and plots go here")
 
 
 def encode_prompt(tokenizer, text: str, chat_template: bool) -> torch.Tensor:
@@ -118,11 +139,29 @@ def cmd_fetch(a) -> int:
     return 0
 
 
+def cmd_bench(a) -> int:
+    from .bench import BenchConfig, run_bench, write_report
+
+    def split(s):
+        return [x.strip() for x in s.split(",") if x.strip()] if s else None
+    config = BenchConfig(a.questions, a.out, split(a.methods) or [], a.target, a.draft, a.dtype, a.max_new_tokens,
+                         a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit)
+    try:
+        results = run_bench(config)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished questions are kept in {a.out}; rerun the same command to go on",
+              file=sys.stderr)
+        return 130
+    for path in write_report(results, config.run_key):
+        print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from .hub import ModelFetchError
     a = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "models": cmd_models, "fetch": cmd_fetch}[a.command](a)
+        return {"generate": cmd_generate, "models": cmd_models, "fetch": cmd_fetch, "bench": cmd_bench}[a.command](a)
     except (ValueError, ModelFetchError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

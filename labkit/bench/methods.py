@@ -1,0 +1,147 @@
+"""What the benchmark runs: a registry of methods, each `run(prompt_ids) -> MethodResult`.
+
+labkit's decoders run on labkit's own model; the peers run transformers' `generate` on the
+same checkpoint (plain, `assistant_model=`, `prompt_lookup_num_tokens=`). A new technique
+(Medusa, EAGLE, MTP) plugs in as one more entry in METHODS.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..adaptive import CostAwareGamma, GammaPolicy, HeuristicGamma
+from ..autoregressive import autoregressive_generate
+from ..drafters import DraftModelDrafter, PromptLookupDrafter
+from ..speculative import Generation, speculative_generate
+
+BASELINE = "ar"             # every speedup is over this method, measured on the same question
+PEER_BASELINE = "hf-generate"
+
+
+@dataclass
+class MethodResult:
+    tokens: list[int]                    # new token ids, the prompt excluded
+    target_forwards: int                 # target forward passes that produced them (see Trace.n_target_forwards)
+    draft_time: float | None             # seconds spent drafting (None: not measurable, e.g. transformers' lookup)
+    verify_time: float                   # seconds inside target forwards
+    steps: list[list] | None = None      # per step [γ, accepted, bonus, draft s, verify s]; labkit methods only
+
+
+@dataclass
+class Models:
+    """What the methods run on: labkit's pair, and transformers' copies for the peers (None until needed)."""
+    target: object                       # loading.LoadedModel
+    draft: object | None = None
+    hf_target: torch.nn.Module | None = None
+    hf_draft: torch.nn.Module | None = None
+    timers: dict = field(default_factory=dict)   # hf module -> ForwardTimer
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str                            # the key on the command line and in the results
+    label: str                           # what tables and plots call it
+    needs: frozenset                     # of "draft", "hf", "hf_draft"
+    build: Callable                      # (Models, max_new_tokens, gamma, lookup_tokens) -> run(prompt_ids)
+    reference: str = BASELINE            # the plain decoder of its own stack (exact methods must equal it)
+    exact: bool = True                   # greedy output equals plain greedy decoding (in exact arithmetic)
+
+
+def from_generation(out: Generation) -> MethodResult:
+    t = out.trace
+    steps = [[s.gamma, s.n_accepted, int(s.bonus), round(s.draft_time, 6), round(s.verify_time, 6)] for s in t.steps]
+    return MethodResult(out.tokens, t.n_target_forwards, t.draft_time, t.verify_time, steps)
+
+
+def _autoregressive(m: Models, n: int, gamma: int, lookup_tokens: int):
+    eos = m.target.eos_token_ids
+    return lambda ids: from_generation(autoregressive_generate(m.target.model, ids, n, eos_token_ids=eos))
+
+
+def _speculative(drafter: Callable[[Models], object], policy: Callable[[int], int | GammaPolicy]):
+    def build(m: Models, n: int, gamma: int, lookup_tokens: int):
+        eos = m.target.eos_token_ids
+        return lambda ids: from_generation(speculative_generate(m.target.model, drafter(m), ids, n, policy(gamma),
+                                                                eos_token_ids=eos))
+    return build
+
+
+def _draft_model(m: Models):
+    return DraftModelDrafter(m.draft.model, eos_token_ids=m.target.eos_token_ids)
+
+
+def _lookup(m: Models):
+    return PromptLookupDrafter()
+
+
+class ForwardTimer:
+    """Counts a module's forward calls and the seconds spent in them (hooks; the module is untouched)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.calls, self.seconds, self._t0 = 0, 0.0, 0.0
+        module.register_forward_pre_hook(self._start)
+        module.register_forward_hook(self._stop)
+
+    def _start(self, module, args):
+        self._t0 = time.perf_counter()
+
+    def _stop(self, module, args, output):
+        self.calls += 1
+        self.seconds += time.perf_counter() - self._t0
+
+    def reset(self) -> None:
+        self.calls, self.seconds = 0, 0.0
+
+
+def _timer(m: Models, module) -> ForwardTimer:
+    if module not in m.timers:
+        m.timers[module] = ForwardTimer(module)
+    return m.timers[module]
+
+
+def _transformers(assisted: bool = False, lookup: bool = False):
+    def build(m: Models, n: int, gamma: int, lookup_tokens: int):
+        eos = list(m.target.eos_token_ids)
+        target_timer = _timer(m, m.hf_target)
+        draft_timer = _timer(m, m.hf_draft) if assisted else None
+        extra = {"assistant_model": m.hf_draft} if assisted else {"prompt_lookup_num_tokens": lookup_tokens} \
+            if lookup else {}
+
+        @torch.no_grad()
+        def run(ids: torch.Tensor) -> MethodResult:
+            for t in (target_timer, draft_timer):
+                if t:
+                    t.reset()
+            out = m.hf_target.generate(ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=n,
+                                       do_sample=False, eos_token_id=eos, pad_token_id=eos[0], **extra)  # (1, T+n)
+            return MethodResult(out[0, ids.numel():].tolist(), target_timer.calls,
+                                draft_timer.seconds if assisted else (None if lookup else 0.0), target_timer.seconds)
+        return run
+    return build
+
+
+_D, _HF, _HFD = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"})
+METHODS: dict[str, Method] = {m.name: m for m in [
+    Method("ar", "labkit autoregressive", frozenset(), _autoregressive),
+    Method("draft", "labkit draft model, γ={gamma}", _D, _speculative(_draft_model, lambda g: g)),
+    Method("draft-heuristic", "labkit draft, heuristic γ", _D, _speculative(_draft_model, HeuristicGamma)),
+    Method("draft-cost-aware", "labkit draft, cost-aware γ", _D, _speculative(_draft_model, CostAwareGamma)),
+    Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _speculative(_lookup, lambda g: g)),
+    Method("lookup-cost-aware", "labkit prompt lookup, cost-aware γ", frozenset(),
+           _speculative(_lookup, CostAwareGamma)),
+    Method("hf-generate", "transformers generate", _HF, _transformers(), PEER_BASELINE),
+    Method("hf-assisted", "transformers assisted", _HFD, _transformers(assisted=True), PEER_BASELINE),
+    Method("hf-lookup", "transformers prompt lookup, {lookup_tokens} tokens", _HF, _transformers(lookup=True), PEER_BASELINE),
+]}
+
+
+def check_methods(names: list[str]) -> list[str]:
+    """The chosen methods in run order, the baseline first (speedups need it), or a clear error."""
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}: choose from {', '.join(METHODS)}")
+    wanted = {BASELINE, *names, *(METHODS[n].reference for n in names)}
+    return [n for n in METHODS if n in wanted]              # registry order: each reference before its family

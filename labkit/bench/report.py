@@ -1,0 +1,194 @@
+"""Results -> tables and plots: per method and category, everything relative to the same run's baseline.
+
+Definitions (the Markdown header repeats them):
+- tokens/s: new tokens over wall seconds, prefill included, summed over the questions.
+- speedup: a method's tokens/s over the baseline's tokens/s on the same questions.
+- tokens per target forward: new tokens over target forward passes; each pass commits its
+  accepted draft tokens plus one token of the target's (the bonus or correction token).
+- acceptance rate: accepted draft tokens over proposed draft tokens.
+- draft / verify share: seconds drafting / inside target forwards, over wall seconds.
+- ideal speedup: Leviathan et al.'s improvement factor for the acceptance, γ and step costs
+  measured in this run (draft and verify steps in units of the baseline's decode step).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..adaptive import expected_speedup
+from .methods import BASELINE, METHODS
+from .runner import read_results
+
+ALL = "all"
+
+
+@dataclass
+class Row:
+    category: str
+    method: str
+    label: str
+    questions: int
+    tokens_per_second: float
+    speedup: float
+    tokens_per_forward: float | None
+    acceptance_rate: float | None
+    draft_share: float | None
+    verify_share: float
+    ideal_speedup: float | None
+    same_as_baseline: int          # questions whose tokens equal labkit's autoregressive output
+    same_as_reference: int         # ... equal the plain decoder of the method's own stack
+
+
+@dataclass
+class Mismatch:
+    question_id: str
+    category: str
+    method: str
+    reference: str
+    first_difference: int          # index of the first new token where the outputs part
+
+
+def first_difference(tokens: list[int], reference: list[int]) -> int | None:
+    """Index of the first token where two outputs part (None when equal)."""
+    if tokens == reference:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+
+
+def ideal_speedup(steps: list[list] | None, baseline_steps: list[list]) -> float | None:
+    """Leviathan's speedup for this run's measured acceptance rate and costs (γ = mean draft length)."""
+    drafted = [s for s in steps or [] if s[0] > 0]
+    ar_step = statistics.median(s[4] for s in (baseline_steps[:-1] or baseline_steps))
+    if not drafted or ar_step <= 0:
+        return None
+    accepted = sum(s[1] for s in drafted)
+    rejections = sum(1 - s[2] for s in drafted)
+    alpha = accepted / max(1, accepted + rejections)
+    gamma = max(1, round(statistics.mean(s[0] for s in drafted)))
+    draft_cost = sum(s[3] for s in drafted) / sum(s[0] for s in drafted) / ar_step
+    verify_cost = statistics.mean(s[4] for s in drafted) / ar_step
+    return expected_speedup(alpha, gamma, draft_cost, verify_cost)
+
+
+def load_run(path: str | Path, run_key: str | None = None) -> tuple[dict, list[dict]]:
+    """(meta, records) of one run in a results file: `run_key`'s, or the latest run's."""
+    records = read_results(Path(path))
+    metas = [r for r in records if "meta" in r]
+    if not metas:
+        raise ValueError(f"{path} holds no benchmark run: run `python -m labkit bench` first")
+    run_key = run_key or metas[-1]["run"]
+    meta = next((m["meta"] for m in reversed(metas) if m["run"] == run_key), None)
+    if meta is None:
+        raise ValueError(f"{path} holds no run {run_key!r}")
+    return meta, [r for r in records if r.get("run") == run_key and "method" in r]
+
+
+def aggregate(records: list[dict], labels: dict[str, str] | None = None) -> tuple[list[Row], list[Mismatch]]:
+    """Per (category, method) rows, `all` categories last, and every output that parts from its reference.
+
+    Only questions the baseline finished count, so every speedup compares the same questions.
+    """
+    by = {(r["question_id"], r["method"]): r for r in records}
+    questions = list(dict.fromkeys(r["question_id"] for r in records if r["method"] == BASELINE))
+    category = {q: by[q, BASELINE]["category"] for q in questions}
+    methods = [m for m in METHODS if any((q, m) in by for q in questions)]
+    methods += [m for m in dict.fromkeys(r["method"] for r in records) if m not in methods]
+    mismatches = []
+    for q in questions:
+        for m in methods:
+            if (q, m) not in by or not by[q, m]["exact"]:
+                continue
+            for ref in dict.fromkeys([BASELINE, by[q, m]["reference"]]):
+                d = first_difference(by[q, m]["tokens"], by[q, ref]["tokens"]) if (q, ref) in by else None
+                if d is not None:
+                    mismatches.append(Mismatch(q, category[q], m, ref, d))
+    rows = []
+    for cat in sorted(set(category.values())) + [ALL]:
+        qs = [q for q in questions if cat in (ALL, category[q])]
+        for m in methods:
+            done = [q for q in qs if (q, m) in by]
+            if done:
+                rows.append(_row(cat, m, (labels or {}).get(m, m), [by[q, m] for q in done],
+                                 [by[q, BASELINE] for q in done], mismatches))
+    return rows, mismatches
+
+
+def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mismatches: list[Mismatch]) -> Row:
+    def tps(xs):
+        return sum(x["new_tokens"] for x in xs) / sum(x["seconds"] for x in xs)
+    seconds = sum(r["seconds"] for r in rs)
+    drafted = [s for r in rs for s in r["steps"] or [] if s[0] > 0]
+    proposed = sum(s[0] for s in drafted)
+    forwards = sum(r["target_forwards"] for r in rs)
+    ideals = [i for r, b in zip(rs, base) if (i := ideal_speedup(r["steps"], b["steps"] or [])) is not None]
+    parted = {(x.question_id, x.reference) for x in mismatches if x.method == method}
+    return Row(cat, method, label, len(rs), tps(rs), tps(rs) / tps(base),
+               sum(r["new_tokens"] for r in rs) / forwards if forwards else None,
+               sum(s[1] for s in drafted) / proposed if proposed else None,
+               sum(r["draft_time"] for r in rs) / seconds if all(r["draft_time"] is not None for r in rs) else None,
+               sum(r["verify_time"] for r in rs) / seconds,
+               statistics.mean(ideals) if ideals else None,
+               sum((r["question_id"], BASELINE) not in parted for r in rs),
+               sum((r["question_id"], r["reference"]) not in parted for r in rs))
+
+
+def _fmt(x, spec: str = "{:.2f}") -> str:
+    return "–" if x is None else spec.format(x)
+
+
+def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch]) -> str:
+    """The Markdown report: settings and definitions, the table, and every output that parts from its reference."""
+    lines = [f"# labkit bench: {Path(meta['questions']).name}", "",
+             f"Measured {meta['date']} on {meta['machine']}; target `{meta['target']}`, draft `{meta['draft']}`, "
+             f"{meta['dtype']}, greedy, max_new_tokens={meta['max_new_tokens']}, γ={meta['gamma']}. "
+             "Timings are noisy: the machine's 2 cores were shared with other jobs during the run; every ratio "
+             "compares methods run back to back on the same question, which cancels slow drift, not bursts.", "",
+             "Definitions: *tok/s* = new tokens / wall seconds (prefill included), summed over the questions; "
+             "*× AR* = tok/s over labkit autoregressive's on the same questions; *tok/fwd* = new tokens / target "
+             "forward passes (each pass commits its accepted draft tokens plus the target's own bonus or correction "
+             "token); *accept* = accepted / proposed draft tokens; *draft*, *verify* = shares of wall time spent "
+             "drafting and in target forwards; *ideal ×* = Leviathan et al.'s speedup for this run's measured "
+             "acceptance and step costs; *= AR* / *= ref* = questions whose output equals labkit autoregressive's / "
+             "the plain decoder of the method's own stack (transformers generate for the peers) token for token.", "",
+             "| category | method | n | tok/s | × AR | tok/fwd | accept | draft | verify | ideal × | = AR | = ref |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.category} | {r.label} | {r.questions} | {r.tokens_per_second:.2f} | {r.speedup:.2f} | "
+                     f"{_fmt(r.tokens_per_forward)} | {_fmt(r.acceptance_rate)} | {_fmt(r.draft_share, '{:.0%}')} | "
+                     f"{r.verify_share:.0%} | {_fmt(r.ideal_speedup)} | {r.same_as_baseline}/{r.questions} | "
+                     f"{r.same_as_reference}/{r.questions} |")
+    lines += ["", "## Outputs that part from their reference", ""]
+    if not mismatches:
+        lines.append("None: every method's output equals its reference token for token on every question.")
+    else:
+        lines += ["Greedy decoding is exact in exact arithmetic, so these are rounding, not bugs, when the dtype is "
+                  "bf16: a k-token verify forward (and another library's kernels) rounds differently from a 1-token "
+                  "forward, so a near-tie between the top two tokens can flip, and the outputs part from there "
+                  "(the fp32 tests show token-for-token equality).", "",
+                  "| question | category | method | reference | first different token |", "|---|---|---|---|---|"]
+        lines += [f"| {x.question_id} | {x.category} | {x.method} | {x.reference} | {x.first_difference} |"
+                  for x in mismatches]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: str | Path, run_key: str | None = None) -> list[Path]:
+    """bench.md, bench.csv, bench.json and the plots beside the results file; returns their paths."""
+    results = Path(results)
+    meta, records = load_run(results, run_key)
+    rows, mismatches = aggregate(records, meta.get("labels"))
+    out = results.parent
+    paths = [out / "bench.md", out / "bench.csv", out / "bench.json"]
+    paths[0].write_text(summarise(meta, rows, mismatches), encoding="utf-8")
+    with paths[1].open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+        w.writeheader()
+        w.writerows(asdict(r) for r in rows)
+    paths[2].write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows],
+                                    "mismatches": [asdict(x) for x in mismatches]}, indent=1), encoding="utf-8")
+    from .plots import plot_accept_lengths, plot_speedups
+    paths.append(plot_speedups(rows, out / "speedup_by_category.png"))
+    paths.append(plot_accept_lengths(records, meta.get("labels") or {}, out / "accept_lengths.png"))
+    return paths

@@ -1,0 +1,155 @@
+"""The resumable loop: for each question, the baseline first, then every other method.
+
+Each finished (question, method) is appended to `results.jsonl` at once and flushed, keyed by
+a hash of the settings that change the numbers; a rerun with the same settings skips what is
+there, so a crash or Ctrl-C loses no finished question.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .methods import METHODS, Models, check_methods
+from .questions import Question, read_questions
+
+RESULTS = "results.jsonl"
+WARM_UP_PROMPT, WARM_UP_TOKENS = "Say hi.", 8
+
+
+@dataclass
+class BenchConfig:
+    questions: str
+    out: str
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    target: str = "qwen2.5-coder-1.5b-instruct"
+    draft: str = "qwen2.5-coder-0.5b-instruct"
+    dtype: str = "bf16"
+    max_new_tokens: int = 64
+    gamma: int = 4
+    lookup_tokens: int = 10            # transformers' prompt_lookup_num_tokens (its docs' value)
+    threads: int = field(default_factory=torch.get_num_threads)
+    chat_template: bool = True
+    categories: list[str] | None = None
+    limit: int | None = None
+
+    def __post_init__(self):
+        self.methods = check_methods(self.methods)
+        for name in ("max_new_tokens", "gamma", "lookup_tokens", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def run_key(self) -> str:
+        """Hash of every setting that changes tokens or timings (not which questions or methods)."""
+        keyed = {k: getattr(self, k) for k in ("target", "draft", "dtype", "max_new_tokens", "gamma",
+                                               "lookup_tokens", "threads", "chat_template")}
+        return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def read_results(path: Path) -> list[dict]:
+    """Every complete JSON line of a results file (a line cut short by a kill is skipped)."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def done_pairs(records: list[dict], run_key: str) -> set[tuple[str, str, str]]:
+    """(question_id, question sha, method) already measured under these settings."""
+    return {(r["question_id"], r["question_sha"], r["method"]) for r in records
+            if r.get("run") == run_key and "method" in r}
+
+
+def _append(path: Path, record: dict) -> None:
+    cut_short = False
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb") as f:
+            f.seek(-1, 2)
+            cut_short = f.read(1) != b"\n"                    # a line cut short by a kill: start afresh
+    with path.open("a", encoding="utf-8") as f:
+        f.write(("\n" if cut_short else "") + json.dumps(record) + "\n")
+        f.flush()
+
+
+def load_models(config: BenchConfig, progress: bool = True) -> Models:
+    """labkit's pair, and transformers' copies of the checkpoints only when a chosen method needs them."""
+    from ..hub import resolve_model
+    from ..loading import DTYPES, check_same_tokenizer, load_model
+    needs = set().union(*(METHODS[n].needs for n in config.methods))
+    models = Models(load_model(config.target, config.dtype, progress=progress))
+    if "draft" in needs:
+        models.draft = load_model(config.draft, config.dtype, progress=progress)
+        check_same_tokenizer(models.target, models.draft)
+    if needs & {"hf", "hf_draft"}:
+        from transformers import AutoModelForCausalLM
+
+        def hf(name):
+            return AutoModelForCausalLM.from_pretrained(resolve_model(name, progress), dtype=DTYPES[config.dtype]).eval()
+        models.hf_target = hf(config.target)
+        models.hf_draft = hf(config.draft) if "hf_draft" in needs else None
+    return models
+
+
+def encode(models: Models, q: Question, chat_template: bool) -> torch.Tensor:
+    from ..cli import encode_prompt
+    return encode_prompt(models.target.tokenizer, q.prompt, chat_template)   # (T,)
+
+
+def run_bench(config: BenchConfig, models: Models | None = None, progress: bool = True) -> Path:
+    """Run every pending (question, method) pair; returns the results file."""
+    questions = read_questions(config.questions, config.categories, config.limit)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RESULTS
+    done = done_pairs(read_results(path), config.run_key)
+    todo = [(q, [m for m in config.methods if (q.question_id, q.sha, m) not in done]) for q in questions]
+    todo = [(q, ms) for q, ms in todo if ms]
+    if not todo:
+        if progress:
+            print(f"all {len(questions)} questions x {len(config.methods)} methods already in {path}")
+        return path
+    torch.set_num_threads(config.threads)
+    models = models or load_models(config, progress)
+    _append(path, {"run": config.run_key, "meta": _meta(config)})
+    names = list(dict.fromkeys(m for _, ms in todo for m in ms))
+    warm_ids = encode(models, Question("warm-up", "warm-up", WARM_UP_PROMPT), config.chat_template)
+    for name in tqdm(names, desc="warm-up", disable=not progress):      # first calls allocate; not timed
+        METHODS[name].build(models, WARM_UP_TOKENS, config.gamma, config.lookup_tokens)(warm_ids)
+    runs = {name: METHODS[name].build(models, config.max_new_tokens, config.gamma, config.lookup_tokens)
+            for name in names}
+    bar = tqdm(total=sum(len(ms) for _, ms in todo), desc="question x method", disable=not progress)
+    for q, pending in todo:
+        ids = encode(models, q, config.chat_template)
+        for name in pending:
+            bar.set_postfix_str(f"{q.question_id} {name}")
+            t0 = time.perf_counter()
+            result = runs[name](ids)
+            seconds = time.perf_counter() - t0
+            m = METHODS[name]
+            _append(path, {"run": config.run_key, "question_id": q.question_id, "question_sha": q.sha,
+                           "category": q.category, "method": name, "reference": m.reference, "exact": m.exact,
+                           "prompt_tokens": ids.numel(), "new_tokens": len(result.tokens), "seconds": seconds,
+                           **asdict(result)})
+            bar.update()
+    bar.close()
+    return path
+
+
+def _meta(config: BenchConfig) -> dict:
+    return {**asdict(config), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": f"{platform.machine()}, {config.threads} threads, torch {torch.__version__}",
+            "labels": {n: METHODS[n].label.format(gamma=config.gamma, lookup_tokens=config.lookup_tokens)
+                       for n in METHODS}}

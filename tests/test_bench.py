@@ -1,0 +1,194 @@
+"""The benchmark harness: question files, resume after a kill, the report's arithmetic, and a real tiny run."""
+import json
+
+import pytest
+import torch
+
+from labkit.adaptive import expected_speedup
+from labkit.bench import BenchConfig, read_questions, run_bench
+from labkit.bench.methods import METHODS, check_methods
+from labkit.bench.questions import QuestionFileError
+from labkit.bench.report import aggregate, first_difference, ideal_speedup, load_run
+from labkit.bench.runner import read_results
+from labkit.cli import main
+
+from conftest import save_tiny_checkpoint, tiny_tokenizer
+
+
+def write_lines(path, *objs):
+    path.write_text("\n".join(o if isinstance(o, str) else json.dumps(o) for o in objs) + "\n")
+    return path
+
+
+Q1 = {"question_id": "a", "category": "coding", "turns": ["def f(x):", "second turn, unused"]}
+Q2 = {"question_id": 2, "category": "rag", "turns": ["abc abc abc"]}
+
+
+def test_reads_spec_bench_questions(tmp_path):
+    qs = read_questions(write_lines(tmp_path / "q.jsonl", Q1, "", Q2))
+    assert [(q.question_id, q.category, q.prompt) for q in qs] == [("a", "coding", "def f(x):"), ("2", "rag", "abc abc abc")]
+    assert [q.question_id for q in read_questions(tmp_path / "q.jsonl", categories=["rag"])] == ["2"]
+    assert len(read_questions(tmp_path / "q.jsonl", limit=1)) == 1
+
+
+def test_shipped_question_files():
+    qs = read_questions("data/questions/labkit_bench.jsonl")
+    assert len({q.category for q in qs}) == 7 and all(sum(q.category == c for q in qs) >= 3 for c in {q.category for q in qs})
+    assert len(read_questions("data/questions/tiny.jsonl")) == 2
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", ":1: not valid JSON"),
+    ('["a list"]', "expected a JSON object"),
+    ('{"question_id": 1, "turns": ["x"]}', "missing category"),
+    ('{"question_id": 1, "category": "qa", "turns": []}', "turns must be a non-empty list"),
+    ('{"question_id": 1, "category": "qa", "turns": ["  "]}', "turns must be a non-empty list"),
+    ('{"question_id": 1, "category": "", "turns": ["x"]}', "category must be a non-empty string"),
+])
+def test_bad_question_lines_name_line_and_fix(tmp_path, line, message):
+    with pytest.raises(QuestionFileError, match=message):
+        read_questions(write_lines(tmp_path / "q.jsonl", line))
+
+
+def test_bad_question_files(tmp_path):
+    with pytest.raises(QuestionFileError, match="does not exist"):
+        read_questions(tmp_path / "nope.jsonl")
+    with pytest.raises(QuestionFileError, match="appears twice"):
+        read_questions(write_lines(tmp_path / "dup.jsonl", Q1, Q1))
+    with pytest.raises(QuestionFileError, match=r"categories \['math'\].*\['coding', 'rag'\]"):
+        read_questions(write_lines(tmp_path / "q.jsonl", Q1, Q2), categories=["math"])
+    with pytest.raises(QuestionFileError, match="holds no questions"):
+        read_questions(write_lines(tmp_path / "empty.jsonl", ""))
+    with pytest.raises(QuestionFileError, match="--limit"):
+        read_questions(tmp_path / "q.jsonl", limit=0)
+
+
+def test_method_choice_puts_baselines_first():
+    assert check_methods(["lookup", "hf-assisted"]) == ["ar", "lookup", "hf-generate", "hf-assisted"]
+    with pytest.raises(ValueError, match="unknown methods \\['medusa'\\]"):
+        check_methods(["medusa"])
+
+
+# --- the report's arithmetic on records made up by hand -------------------------------------
+
+def record(q, cat, method, tokens, seconds, forwards, steps, draft=0.0, verify=None, reference="ar"):
+    return {"run": "k", "question_id": q, "question_sha": "s", "category": cat, "method": method,
+            "reference": reference, "exact": True, "prompt_tokens": 5, "new_tokens": len(tokens), "tokens": tokens,
+            "seconds": seconds, "target_forwards": forwards, "draft_time": draft,
+            "verify_time": seconds / 2 if verify is None else verify, "steps": steps}
+
+
+AR_STEPS = [[0, 0, 1, 0.0, 0.1]] * 3 + [[0, 0, 1, 0.0, 0.0]]       # 4 tokens, 0.1 s a decode step
+
+
+def test_aggregate_arithmetic():
+    spec_steps = [[3, 3, 1, 0.03, 0.12], [3, 1, 0, 0.03, 0.12]]     # 4 + 2 tokens, 4 of 6 drafts accepted
+    records = [record("q1", "c1", "ar", [1, 2, 3, 4, 5, 6], 2.0, 6, AR_STEPS),
+               record("q1", "c1", "draft", [1, 2, 3, 4, 5, 6], 1.0, 2, spec_steps, draft=0.06, verify=0.24),
+               record("q2", "c2", "ar", [1, 2, 3, 4], 1.0, 4, AR_STEPS),
+               record("q2", "c2", "draft", [1, 2, 9, 9], 0.25, 1, [[3, 2, 0, 0.03, 0.12]], draft=0.03, verify=0.12),
+               record("q3", "c2", "draft", [1], 1.0, 1, [[3, 0, 0, 0.03, 0.12]])]   # no baseline: left out
+    rows, mismatches = aggregate(records)
+    row = {(r.category, r.method): r for r in rows}
+    c1, c2, both = row["c1", "draft"], row["c2", "draft"], row["all", "draft"]
+    assert c1.tokens_per_second == pytest.approx(6.0) and c1.speedup == pytest.approx(6.0 / 3.0)
+    assert c1.tokens_per_forward == pytest.approx(3.0) and c1.acceptance_rate == pytest.approx(4 / 6)
+    assert c1.draft_share == pytest.approx(0.06) and c1.verify_share == pytest.approx(0.24)
+    assert c2.speedup == pytest.approx(16 / 4) and c2.same_as_baseline == 0 and c2.questions == 1
+    assert both.questions == 2 and both.tokens_per_second == pytest.approx(10 / 1.25)
+    assert both.speedup == pytest.approx((10 / 1.25) / (10 / 3.0))
+    assert both.acceptance_rate == pytest.approx(6 / 9) and both.same_as_baseline == 1
+    assert row["all", "ar"].speedup == 1 and row["all", "ar"].acceptance_rate is None
+    assert [(m.question_id, m.method, m.first_difference) for m in mismatches] == [("q2", "draft", 2)]
+    # Leviathan's formula with α = 4/(4+1), γ = 3, draft step 0.01/0.1, verify 0.12/0.1
+    assert c1.ideal_speedup == pytest.approx(expected_speedup(0.8, 3, 0.1, 1.2))
+
+
+def test_first_difference_and_ideal_edge_cases():
+    assert first_difference([1, 2], [1, 2]) is None
+    assert first_difference([1, 2], [1, 3]) == 1 and first_difference([1, 2], [1, 2, 3]) == 2
+    assert ideal_speedup(AR_STEPS, AR_STEPS) is None                  # nothing drafted
+
+
+# --- real runs on tiny random checkpoints ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny target and a noisy copy of it as the draft: it agrees often, not always."""
+    target, draft = tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft")
+    hf = save_tiny_checkpoint(target, "qwen2", seed=0)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.3 * p.std().clamp(min=1e-3))
+    hf.save_pretrained(draft)
+    tiny_tokenizer().save_pretrained(draft)
+    return str(target), str(draft)
+
+
+def tiny_config(pair, out, **kw):
+    return BenchConfig("data/questions/tiny.jsonl", str(out), target=pair[0], draft=pair[1], dtype="fp32",
+                       max_new_tokens=12, gamma=3, chat_template=False, **kw)
+
+
+def test_resume_after_kill_redoes_nothing(pair, tmp_path, monkeypatch):
+    config = tiny_config(pair, tmp_path, methods=["ar", "draft", "lookup"])
+    calls = []
+    build = METHODS["lookup"].build
+
+    def build_dying_on_second_question(*args):
+        run = build(*args)
+
+        def wrapped(ids):
+            calls.append(ids.numel())
+            if len(calls) == 3:         # warm-up, question 1, then the kill on question 2
+                raise KeyboardInterrupt
+            return run(ids)
+        return wrapped
+    monkeypatch.setitem(METHODS, "lookup", METHODS["lookup"].__class__(
+        **{**METHODS["lookup"].__dict__, "build": build_dying_on_second_question}))
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(config, progress=False)
+    first = [r for r in read_results(tmp_path / "results.jsonl") if "method" in r]
+    assert [(r["question_id"], r["method"]) for r in first] == [
+        ("tiny-code", "ar"), ("tiny-code", "draft"), ("tiny-code", "lookup"), ("tiny-rag", "ar"), ("tiny-rag", "draft")]
+    with (tmp_path / "results.jsonl").open("a") as f:
+        f.write('{"run": "cut short by a ki')                          # a line a kill left half-written
+    monkeypatch.undo()
+    run_bench(config, progress=False)
+    second = [r for r in read_results(tmp_path / "results.jsonl") if "method" in r]
+    assert second[:5] == first and [(r["question_id"], r["method"]) for r in second[5:]] == [("tiny-rag", "lookup")]
+    _, records = load_run(tmp_path / "results.jsonl")
+    assert len(records) == 6
+    n_lines = len((tmp_path / "results.jsonl").read_text().splitlines())
+    run_bench(config, progress=False)                                   # all done: nothing appended
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == n_lines
+    other = tiny_config(pair, tmp_path, methods=["ar"], limit=1)
+    other.max_new_tokens = 5                                            # new settings: a new run key, measured anew
+    run_bench(other, progress=False)
+    assert len(load_run(tmp_path / "results.jsonl", other.run_key)[1]) == 1
+
+
+def test_cli_end_to_end_exact_methods_equal_baseline(pair, tmp_path, capsys):
+    code = main(["bench", "--questions", "data/questions/tiny.jsonl", "--limit", "1", "--target", pair[0],
+                 "--draft", pair[1], "--dtype", "fp32", "--no-chat-template", "--max-new-tokens", "16",
+                 "--gamma", "3", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    meta, records = load_run(tmp_path / "results.jsonl")
+    by = {r["method"]: r for r in records}
+    assert set(by) == set(METHODS) and {r["question_id"] for r in records} == {"tiny-code"}
+    assert all(len(r["tokens"]) == 16 or 1 in r["tokens"] for r in records)          # max_new_tokens or EOS
+    for name, r in by.items():
+        assert r["tokens"] == by[r["reference"]]["tokens"], name                        # fp32: exact, token for token
+    assert by["draft"]["target_forwards"] < by["ar"]["target_forwards"]                # the draft agreed at times
+    assert 0 < sum(s[1] for s in by["draft"]["steps"]) < sum(s[0] for s in by["draft"]["steps"])   # ... not always
+    assert by["hf-generate"]["target_forwards"] == by["hf-generate"]["new_tokens"]      # one forward a token
+    md = (tmp_path / "bench.md").read_text()
+    assert "| all | labkit draft model, γ=3 |" in md and "None: every method" in md
+    for name in ("bench.csv", "bench.json", "speedup_by_category.png", "accept_lengths.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_cli_bad_question_file(capsys, tmp_path):
+    code = main(["bench", "--questions", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
+    assert code == 2 and "does not exist" in capsys.readouterr().err
