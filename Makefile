@@ -5,7 +5,7 @@
 #   make lab        JupyterLab on notebooks/00_tour.ipynb (LAB_PORT=8888, LAB_IP=127.0.0.1)
 #   make test       unit + integration tests and every notebook under strict nbval
 #   make test-fast  unit tier only: tiny random models, no download
-#   make bench      scripts/bench.py on the embedded pair (writes data/bench/)
+#   make bench      python -m labkit bench: every method on data/questions/, the embedded pair
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -64,4 +64,4 @@ test-fast: venv
 	$(PY) -m pytest tests
 
 bench: venv models
-	$(PY) scripts/bench.py
+	$(PY) -m labkit bench --questions data/questions/labkit_bench.jsonl --out data/bench/labkit_bench

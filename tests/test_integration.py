@@ -1,7 +1,7 @@
 """The real embedded pair (Qwen2.5-Coder 1.5B target, 0.5B draft), in fp32: exactness where it matters.
 
 fp32, because near-ties can flip between a 1-token and a k-token forward in bf16; the speed
-runs (scripts/bench.py) use bf16. Run with LABKIT_INTEGRATION=1 (`make test` does).
+runs (python -m labkit bench) use bf16. Run with LABKIT_INTEGRATION=1 (`make test` does).
 """
 import gc
 

@@ -1,0 +1,33 @@
+"""`python -m labkit bench` on a real pretrained model, from a fresh process, as a user would run it.
+
+SmolLM2-135M (the fallback preset) in fp32, as both target and draft: every method, labkit's
+and transformers', on one real question in well under a minute, and fp32 makes token-for-token
+equality with the baseline a fair demand. (The embedded pair's full run is data/bench/labkit_bench/.)
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from labkit.bench.methods import METHODS
+
+pytestmark = pytest.mark.integration
+MODEL = "smollm2-135m-instruct"
+
+
+def test_bench_cli_on_a_real_model(tmp_path):
+    cmd = [sys.executable, "-m", "labkit", "bench", "--questions", "data/questions/labkit_bench.jsonl",
+           "--categories", "rag", "--limit", "1", "--target", MODEL, "--draft", MODEL, "--dtype", "fp32",
+           "--max-new-tokens", "24", "--out", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)   # < 1 min on an idle 2-core CPU
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = {(r["category"], r["method"]): r for r in report["rows"]}
+    assert {m for c, m in rows if c == "all"} == set(METHODS)
+    assert report["mismatches"] == [], report["mismatches"]       # fp32: every method equals its reference
+    assert rows["all", "ar"]["tokens_per_forward"] == 1 and rows["all", "hf-generate"]["tokens_per_forward"] == 1
+    assert rows["all", "draft"]["tokens_per_forward"] > 2          # the draft is the target itself
+    assert rows["all", "hf-assisted"]["tokens_per_forward"] > 2
+    assert rows["all", "lookup"]["acceptance_rate"] is not None
+    assert "| rag | labkit draft model, γ=4 | 1 |" in (tmp_path / "bench.md").read_text()
