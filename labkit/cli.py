@@ -62,6 +62,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--threads", type=int, default=torch.get_num_threads())
     b.add_argument("--no-chat-template", action="store_true", help="feed each first turn as raw text")
     b.add_argument("--out", default="bench_out", help="results.jsonl, tables and plots go here")
+    b.add_argument("--note", default="", help="a sentence for the report's header (what else ran, say)")
 
 
 def encode_prompt(tokenizer, text: str, chat_template: bool) -> torch.Tensor:
@@ -152,7 +153,7 @@ def cmd_bench(a) -> int:
         print(f"\ninterrupted: finished questions are kept in {a.out}; rerun the same command to go on",
               file=sys.stderr)
         return 130
-    for path in write_report(results, config.run_key):
+    for path in write_report(results, config.run_key, a.note):
         print(path)
     return 0
 

@@ -19,7 +19,7 @@ MODEL = "smollm2-135m-instruct"
 def test_bench_cli_on_a_real_model(tmp_path):
     cmd = [sys.executable, "-m", "labkit", "bench", "--questions", "data/questions/labkit_bench.jsonl",
            "--categories", "rag", "--limit", "1", "--target", MODEL, "--draft", MODEL, "--dtype", "fp32",
-           "--max-new-tokens", "24", "--out", str(tmp_path)]
+           "--max-new-tokens", "24", "--threads", "1", "--out", str(tmp_path)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)   # < 1 min on an idle 2-core CPU
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((tmp_path / "bench.json").read_text())

@@ -19,7 +19,7 @@ def plot_speedups(rows, path: Path) -> Path:
     labels = {r.method: r.label for r in rows}
     speed = {(r.category, r.method): r.speedup for r in rows}
     width = 0.8 / max(1, len(methods))
-    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(cats)), 4.2))
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(cats)), 5))
     for i, m in enumerate(methods):
         xs = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(cats))]
         ax.bar(xs, [speed.get((c, m), 0) for c in cats], width, label=labels[m])
@@ -27,7 +27,7 @@ def plot_speedups(rows, path: Path) -> Path:
     ax.set_xticks(range(len(cats)), cats)
     ax.set_ylabel("speedup over labkit autoregressive (×)")
     ax.set_title("Speedup by category (greedy; same run, same questions)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

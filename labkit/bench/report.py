@@ -86,16 +86,29 @@ def load_run(path: str | Path, run_key: str | None = None) -> tuple[dict, list[d
     return meta, [r for r in records if r.get("run") == run_key and "method" in r]
 
 
+def run_methods(records: list[dict]) -> list[str]:
+    """The methods in a run's records, in registry order (unknown names last)."""
+    present = list(dict.fromkeys(r["method"] for r in records))
+    return [m for m in METHODS if m in present] + [m for m in present if m not in METHODS]
+
+
+def complete_questions(records: list[dict]) -> list[str]:
+    """Questions every method of the run has finished, in run order."""
+    done = {(r["question_id"], r["method"]) for r in records}
+    methods = run_methods(records)
+    return [q for q in dict.fromkeys(r["question_id"] for r in records) if all((q, m) in done for m in methods)]
+
+
 def aggregate(records: list[dict], labels: dict[str, str] | None = None) -> tuple[list[Row], list[Mismatch]]:
     """Per (category, method) rows, `all` categories last, and every output that parts from its reference.
 
-    Only questions the baseline finished count, so every speedup compares the same questions.
+    Only questions every method finished count (a run cut short leaves some half done), so all
+    rows of a category compare the same questions.
     """
     by = {(r["question_id"], r["method"]): r for r in records}
-    questions = list(dict.fromkeys(r["question_id"] for r in records if r["method"] == BASELINE))
+    methods = run_methods(records)
+    questions = complete_questions(records)
     category = {q: by[q, BASELINE]["category"] for q in questions}
-    methods = [m for m in METHODS if any((q, m) in by for q in questions)]
-    methods += [m for m in dict.fromkeys(r["method"] for r in records) if m not in methods]
     mismatches = []
     for q in questions:
         for m in methods:
@@ -109,10 +122,9 @@ def aggregate(records: list[dict], labels: dict[str, str] | None = None) -> tupl
     for cat in sorted(set(category.values())) + [ALL]:
         qs = [q for q in questions if cat in (ALL, category[q])]
         for m in methods:
-            done = [q for q in qs if (q, m) in by]
-            if done:
-                rows.append(_row(cat, m, (labels or {}).get(m, m), [by[q, m] for q in done],
-                                 [by[q, BASELINE] for q in done], mismatches))
+            if qs:
+                rows.append(_row(cat, m, (labels or {}).get(m, m), [by[q, m] for q in qs],
+                                 [by[q, BASELINE] for q in qs], mismatches))
     return rows, mismatches
 
 
@@ -139,13 +151,14 @@ def _fmt(x, spec: str = "{:.2f}") -> str:
     return "–" if x is None else spec.format(x)
 
 
-def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch]) -> str:
+def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str = "") -> str:
     """The Markdown report: settings and definitions, the table, and every output that parts from its reference."""
     lines = [f"# labkit bench: {Path(meta['questions']).name}", "",
              f"Measured {meta['date']} on {meta['machine']}; target `{meta['target']}`, draft `{meta['draft']}`, "
              f"{meta['dtype']}, greedy, max_new_tokens={meta['max_new_tokens']}, γ={meta['gamma']}. "
              "Timings are noisy: the machine's 2 cores were shared with other jobs during the run; every ratio "
-             "compares methods run back to back on the same question, which cancels slow drift, not bursts.", "",
+             "compares methods run back to back on the same question, which cancels slow drift, not bursts." +
+             (f" {note}" if note else ""), "",
              "Definitions: *tok/s* = new tokens / wall seconds (prefill included), summed over the questions; "
              "*× AR* = tok/s over labkit autoregressive's on the same questions; *tok/fwd* = new tokens / target "
              "forward passes (each pass commits its accepted draft tokens plus the target's own bonus or correction "
@@ -174,21 +187,28 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(results: str | Path, run_key: str | None = None) -> list[Path]:
-    """bench.md, bench.csv, bench.json and the plots beside the results file; returns their paths."""
+def write_report(results: str | Path, run_key: str | None = None, note: str = "") -> list[Path]:
+    """bench.md, bench.csv, bench.json and the plots beside the results file; returns their paths.
+
+    `note`: a sentence for the Markdown header (what else ran on the machine, say).
+    """
     results = Path(results)
     meta, records = load_run(results, run_key)
     rows, mismatches = aggregate(records, meta.get("labels"))
     out = results.parent
     paths = [out / "bench.md", out / "bench.csv", out / "bench.json"]
-    paths[0].write_text(summarise(meta, rows, mismatches), encoding="utf-8")
+    if not rows:
+        raise ValueError(f"no question in {results} is finished by every method yet: run the benchmark on")
+    paths[0].write_text(summarise(meta, rows, mismatches, note), encoding="utf-8")
     with paths[1].open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
         w.writeheader()
         w.writerows(asdict(r) for r in rows)
-    paths[2].write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows],
+    paths[2].write_text(json.dumps({"meta": meta, "note": note, "rows": [asdict(r) for r in rows],
                                     "mismatches": [asdict(x) for x in mismatches]}, indent=1), encoding="utf-8")
     from .plots import plot_accept_lengths, plot_speedups
     paths.append(plot_speedups(rows, out / "speedup_by_category.png"))
-    paths.append(plot_accept_lengths(records, meta.get("labels") or {}, out / "accept_lengths.png"))
+    complete = set(complete_questions(records))
+    paths.append(plot_accept_lengths([r for r in records if r["question_id"] in complete], meta.get("labels") or {},
+                                     out / "accept_lengths.png"))
     return paths
