@@ -128,7 +128,7 @@ def pair(tmp_path_factory):
 
 def tiny_config(pair, out, **kw):
     return BenchConfig("data/questions/tiny.jsonl", str(out), target=pair[0], draft=pair[1], dtype="fp32",
-                       max_new_tokens=12, gamma=3, chat_template=False, **kw)
+                       max_new_tokens=12, gamma=3, chat_template=False, threads=1, **kw)
 
 
 def test_resume_after_kill_redoes_nothing(pair, tmp_path, monkeypatch):
@@ -172,7 +172,7 @@ def test_resume_after_kill_redoes_nothing(pair, tmp_path, monkeypatch):
 def test_cli_end_to_end_exact_methods_equal_baseline(pair, tmp_path, capsys):
     code = main(["bench", "--questions", "data/questions/tiny.jsonl", "--limit", "1", "--target", pair[0],
                  "--draft", pair[1], "--dtype", "fp32", "--no-chat-template", "--max-new-tokens", "16",
-                 "--gamma", "3", "--out", str(tmp_path)])
+                 "--gamma", "3", "--threads", "1", "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
     meta, records = load_run(tmp_path / "results.jsonl")
     by = {r["method"]: r for r in records}

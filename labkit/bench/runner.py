@@ -121,8 +121,17 @@ def run_bench(config: BenchConfig, models: Models | None = None, progress: bool 
         if progress:
             print(f"all {len(questions)} questions x {len(config.methods)} methods already in {path}")
         return path
+    threads_before = torch.get_num_threads()
     torch.set_num_threads(config.threads)
-    models = models or load_models(config, progress)
+    try:
+        _run_pending(config, todo, path, models or load_models(config, progress), progress)
+    finally:
+        torch.set_num_threads(threads_before)
+    return path
+
+
+def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[str]]], path: Path, models: Models,
+                 progress: bool) -> None:
     _append(path, {"run": config.run_key, "meta": _meta(config)})
     names = list(dict.fromkeys(m for _, ms in todo for m in ms))
     warm_ids = encode(models, Question("warm-up", "warm-up", WARM_UP_PROMPT), config.chat_template)
@@ -145,7 +154,6 @@ def run_bench(config: BenchConfig, models: Models | None = None, progress: bool 
                            **asdict(result)})
             bar.update()
     bar.close()
-    return path
 
 
 def _meta(config: BenchConfig) -> dict:
