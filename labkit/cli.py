@@ -59,10 +59,12 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--target", default=DEFAULT_TARGET)
     b.add_argument("--draft", default=DEFAULT_DRAFT)
     b.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
-    b.add_argument("--threads", type=int, default=torch.get_num_threads())
+    b.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                   help="torch threads (1 can be much faster when other jobs share the cores)")
     b.add_argument("--no-chat-template", action="store_true", help="feed each first turn as raw text")
     b.add_argument("--out", default="bench_out", help="results.jsonl, tables and plots go here")
     b.add_argument("--note", default="", help="a sentence for the report's header (what else ran, say)")
+    b.add_argument("--report-only", action="store_true", help="write the report of the latest run in --out from what is finished; run nothing")
 
 
 def encode_prompt(tokenizer, text: str, chat_template: bool) -> torch.Tensor:
@@ -141,6 +143,8 @@ def cmd_fetch(a) -> int:
 
 
 def cmd_bench(a) -> int:
+    from pathlib import Path
+
     from .bench import BenchConfig, run_bench, write_report
 
     def split(s):
@@ -148,12 +152,12 @@ def cmd_bench(a) -> int:
     config = BenchConfig(a.questions, a.out, split(a.methods) or [], a.target, a.draft, a.dtype, a.max_new_tokens,
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit)
     try:
-        results = run_bench(config)
+        results = Path(a.out) / "results.jsonl" if a.report_only else run_bench(config)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished questions are kept in {a.out}; rerun the same command to go on",
               file=sys.stderr)
         return 130
-    for path in write_report(results, config.run_key, a.note):
+    for path in write_report(results, None if a.report_only else config.run_key, a.note):
         print(path)
     return 0
 

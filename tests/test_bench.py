@@ -187,6 +187,9 @@ def test_cli_end_to_end_exact_methods_equal_baseline(pair, tmp_path, capsys):
     assert "| all | labkit draft model, γ=3 |" in md and "None: every method" in md
     for name in ("bench.csv", "bench.json", "speedup_by_category.png", "accept_lengths.png"):
         assert (tmp_path / name).stat().st_size > 0
+    (tmp_path / "bench.md").unlink()
+    assert main(["bench", "--questions", "data/questions/tiny.jsonl", "--report-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "bench.md").read_text() == md
 
 
 def test_cli_bad_question_file(capsys, tmp_path):
