@@ -64,7 +64,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--no-chat-template", action="store_true", help="feed each first turn as raw text")
     b.add_argument("--out", default="bench_out", help="results.jsonl, tables and plots go here")
     b.add_argument("--note", default="", help="a sentence for the report's header (what else ran, say)")
-    b.add_argument("--report-only", action="store_true", help="write the report of the latest run in --out from what is finished; run nothing")
+    b.add_argument("--report-only", action="store_true",
+                   help="write the report of the latest run in --out from what is finished; run nothing")
 
 
 def encode_prompt(tokenizer, text: str, chat_template: bool) -> torch.Tensor:

@@ -134,7 +134,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            _speculative(_lookup, CostAwareGamma)),
     Method("hf-generate", "transformers generate", _HF, _transformers(), PEER_BASELINE),
     Method("hf-assisted", "transformers assisted", _HFD, _transformers(assisted=True), PEER_BASELINE),
-    Method("hf-lookup", "transformers prompt lookup, {lookup_tokens} tokens", _HF, _transformers(lookup=True), PEER_BASELINE),
+    Method("hf-lookup", "transformers prompt lookup, {lookup_tokens} tokens", _HF, _transformers(lookup=True),
+           PEER_BASELINE),
 ]}
 
 

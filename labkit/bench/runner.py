@@ -97,7 +97,8 @@ def load_models(config: BenchConfig, progress: bool = True) -> Models:
         from transformers import AutoModelForCausalLM
 
         def hf(name):
-            return AutoModelForCausalLM.from_pretrained(resolve_model(name, progress), dtype=DTYPES[config.dtype]).eval()
+            path = resolve_model(name, progress)
+            return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[config.dtype]).eval()
         models.hf_target = hf(config.target)
         models.hf_draft = hf(config.draft) if "hf_draft" in needs else None
     return models
