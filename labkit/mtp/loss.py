@@ -44,8 +44,8 @@ def headwise_backward(model: MTPModel, window: torch.Tensor, T: int) -> MTPLoss:
         logits = model.logits(model.head_hidden(j, z_detached, cache, rope), j)  # (B, T, V), freed after backward
         loss = cross_entropy(logits, mtp_window_targets(window, T, j))
         (weight * loss).backward()                                             # head j's grads, and into z.grad
-        losses.append(float(loss))
-        total += weight * float(loss)
+        losses.append(float(loss.detach()))
+        total += weight * float(loss.detach())
         del logits, loss
     z.backward(z_detached.grad)                                                # the trunk, once
     return MTPLoss(total, losses)

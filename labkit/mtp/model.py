@@ -141,10 +141,12 @@ class MTPModel(nn.Module):
         return KVCache(n_layers, batch_size, a.n_kv_heads, max_len or self.cfg.max_seq_len, a.head_dim, p.dtype, p.device)
 
     def forward(self, tokens: torch.Tensor, cache, positions=None, mask=None, num_logits: int | None = None):
-        """Next-token logits (B, T', V) of `tokens` (B, T) after the cache: the target's forward."""
+        """Next-token logits (B, T', V) of `tokens` (B, T) after the cache: trunk + head 1, what AR decoding runs."""
         if positions is not None or mask is not None:
             raise NotImplementedError("MTPModel decodes chains only: positions and mask are derived from the cache")
-        h = self.next_hidden(tokens, cache)                                   # (B, T, D)
+        rope = self.rope(cache.length, tokens.shape[1], tokens.shape[0])
+        h = self.head_hidden(0, self.trunk_hidden(tokens, cache, rope), cache, rope)    # (B, T, D): head 1 only
+        cache.advance(tokens.shape[1])
         if num_logits is not None:
             h = h[:, -num_logits:]
         return self.logits(h, 0)
@@ -174,10 +176,6 @@ class MTPModel(nn.Module):
 
     def module_logits(self, k: int, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.module_norms[k](h)).float()
-
-    def next_hidden(self, tokens: torch.Tensor, cache) -> torch.Tensor:
-        """Head 1's hidden state (B, T, D) (every Gloeckle head's cache written too)."""
-        return self.all_head_hidden(tokens, cache)[0]
 
     def all_head_hidden(self, tokens: torch.Tensor, cache) -> list[torch.Tensor]:
         """Every head's hidden state [(B, T, D)] for tokens after the cache, which then advances."""
