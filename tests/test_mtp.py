@@ -14,7 +14,7 @@ from labkit.mtp.model import MTPConfig, MTPModel
 from labkit.mtp.train import WINDOW_EXTRA, load_checkpoint
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
-SHIPPED = ["gloeckle4", "deepseek3", "gloeckle8"]
+SHIPPED = ["gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01"]
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 
 
