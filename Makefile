@@ -65,3 +65,13 @@ test-fast: venv
 
 bench: venv models
 	$(PY) -m labkit bench --questions data/questions/labkit_bench.jsonl --out data/bench/labkit_bench
+
+
+# Multi-token prediction (issue 4): retrain the five byte-level models of data/mtp/ (~65 min on
+# 2 busy cores), then re-measure the loss memory and the comparison table.
+MTP_MODELS := next gloeckle4 deepseek3 gloeckle8 gloeckle4_w01
+.PHONY: train-mtp
+train-mtp: venv
+	for m in $(MTP_MODELS); do $(PY) -m labkit.mtp.train --config data/mtp/configs/$$m.json --out data/mtp || exit 1; done
+	$(PY) scripts/mtp_memory.py
+	$(PY) scripts/mtp_results.py

@@ -1,0 +1,112 @@
+"""Self-speculative decoding with multi-token heads (Stern et al. 2018 blockwise parallel decoding;
+Gloeckle et al. 2024 sec. 3.2; DeepSeek-V3 sec. 5.4.3): the model drafts for itself.
+
+The target and the drafter are one model, so the draft comes free from the last verify forward:
+`MTPVerifier` is the loop's target (it returns head 1's next-token logits, like any target) and
+also keeps, per absolute position, what the heads saw. Position p = len(committed) - 2 is the
+last position whose input is committed; its head 1 predicted the last committed token, so
+  - Gloeckle: heads 2..n at p already hold the next n-1 tokens: reading them costs nothing;
+  - DeepSeek: module 1 at p takes head 1's hidden state there plus the embedding of the last
+    committed token and predicts the next token; module 2 takes module 1's state plus that
+    draft token, and so on: a short sequential chain, each module with its own KV cache that
+    trails the trunk (module k at position i needs token i+k) and rolls back with it.
+Head 1 verifies in the next forward, so greedy output equals the model's own greedy output.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..mtp.model import MTPModel
+from ..sampling import SamplingConfig, probs_from_logits, sample
+from .base import Drafter, Proposal
+
+
+class MTPVerifier:
+    """The speculative loop's target: an MTPModel forward that also keeps every head's view per position."""
+
+    def __init__(self, model: MTPModel):
+        if model.cfg.kind == "next":
+            raise ValueError("a next-token-only model has no extra heads to draft with: train a gloeckle or "
+                             "deepseek model (labkit.mtp.train)")
+        self.model, cfg = model, model.cfg
+        S, D, V = cfg.max_seq_len, cfg.dim, cfg.vocab_size
+        self.head1_hidden = torch.zeros(S, D, device=model.device)                      # (S, D) by position
+        n_parallel = cfg.n_future - 1 if cfg.kind == "gloeckle" else 0
+        self.future_logits = torch.zeros(S, n_parallel, V, device=model.device)         # (S, n-1, V) Gloeckle heads 2..n
+
+    vocab_size = property(lambda self: self.model.vocab_size)
+    max_seq_len = property(lambda self: self.model.max_seq_len)
+    device = property(lambda self: self.model.device)
+
+    def new_cache(self, batch_size: int = 1, max_len: int | None = None):
+        return self.model.new_cache(batch_size, max_len)
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor, cache, positions=None, mask=None, num_logits: int | None = None):
+        """Head 1's logits (1, T', V) for tokens (1, T); every head's output is kept at positions start..start+T."""
+        if tokens.shape[0] != 1 or positions is not None or mask is not None:
+            raise ValueError("self-speculative decoding runs one sequence (batch size 1) along a chain")
+        start, T = cache.length, tokens.shape[1]
+        hs = self.model.all_head_hidden(tokens, cache)                                  # n x (1, T, D)
+        self.head1_hidden[start:start + T] = hs[0][0]
+        if self.future_logits.shape[1]:
+            self.future_logits[start:start + T] = torch.stack(
+                [self.model.logits(h[0], j) for j, h in enumerate(hs) if j > 0], dim=1)  # (T, n-1, V)
+        h1 = hs[0][:, -num_logits:] if num_logits is not None else hs[0]
+        return self.model.logits(h1, 0)                                                 # (1, T', V)
+
+
+class MTPDrafter(Drafter):
+    """Drafts up to n-1 tokens from the heads' view of the last committed position (see module docstring)."""
+
+    def __init__(self, verifier: MTPVerifier):
+        self.verifier, self.model = verifier, verifier.model
+        self.name = f"mtp-{self.model.cfg.kind}{self.model.cfg.n_future}"
+        self.max_draft = self.model.cfg.n_future - 1
+        self.module_caches, self.module_hidden = [], []
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        if self.model.cfg.kind == "deepseek":
+            S, D = self.model.cfg.max_seq_len, self.model.cfg.dim
+            self.module_caches = [self.model.new_module_cache() for _ in range(self.max_draft)]
+            self.module_hidden = [torch.zeros(S, D, device=self.model.device) for _ in range(self.max_draft)]
+
+    @torch.no_grad()
+    def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None = None) -> Proposal:
+        p, k = tokens.numel() - 2, min(k, self.max_draft)         # p: last position with a committed input
+        if p < 0 or k == 0:                                       # a one-token prompt: nothing seen yet
+            return Proposal(tokens.new_empty(0))
+        drafted, q_rows, q_tok = [], [], []
+        seq = tokens.tolist()
+        for i in range(k):
+            logits = self.verifier.future_logits[p, i] if self.model.cfg.kind == "gloeckle" \
+                else self._module_logits(i, p, seq)                                        # (V,)
+            probs = logits.float().softmax(-1) if sampling.greedy else probs_from_logits(logits, sampling)
+            x = probs.argmax() if sampling.greedy else sample(probs, generator)
+            drafted.append(x)
+            q_rows.append(probs)
+            q_tok.append(probs[x])
+            seq.append(int(x))
+        return Proposal(torch.stack(drafted), None if sampling.greedy else torch.stack(q_rows), torch.stack(q_tok))
+
+    def _module_logits(self, k: int, p: int, seq: list[int]) -> torch.Tensor:
+        """DeepSeek module k (0-based) caught up to position p; its logits there (V,) predict token p+k+2."""
+        cache = self.module_caches[k]
+        first = cache.length                                                               # positions first..p are new
+        h_prev = (self.verifier.head1_hidden if k == 0 else self.module_hidden[k - 1])[first:p + 1]   # (n, D)
+        next_tokens = torch.tensor(seq[first + k + 1:p + k + 2], device=self.model.device)          # (n,)
+        h = self.model.module_hidden(k, h_prev[None], next_tokens[None], cache)[0]          # (n, D)
+        self.module_hidden[k][first:p + 1] = h
+        return self.model.module_logits(k, h[-1])                                          # (V,)
+
+    def rollback(self, n_valid: int) -> None:
+        """Module k keeps position i only while token i+k+1 is among the first n_valid (committed) tokens."""
+        for k, cache in enumerate(self.module_caches):
+            cache.truncate(max(0, min(cache.length, n_valid - k - 1)))
+
+
+def self_speculative(model: MTPModel) -> tuple[MTPVerifier, MTPDrafter]:
+    """The (target, drafter) pair for SpeculativeDecoder: both views of one MTP model."""
+    verifier = MTPVerifier(model)
+    return verifier, MTPDrafter(verifier)
