@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
