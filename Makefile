@@ -65,3 +65,9 @@ test-fast: venv
 
 bench: venv models
 	$(PY) scripts/bench.py
+
+# The hardware view (notebooks/08_hardware.ipynb): verify-time curve + roofline, batch sweep.
+.PHONY: bench-hw
+bench-hw: venv models
+	nice -n 10 $(PY) scripts/roofline.py
+	nice -n 10 $(PY) scripts/bench_batch.py
