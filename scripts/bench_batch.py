@@ -6,6 +6,7 @@ ratio of their decode times (prefill excluded). Next to it, the roofline's predi
 this run's measured acceptance rate and this device's measured bandwidth and FLOP/s.
 
     nice -n 10 python scripts/bench_batch.py                          # embedded pair, bf16, CPU
+    nice -n 10 python scripts/bench_batch.py --threads 1 --cpu-time   # one core, CPU time: a shared machine
     python scripts/bench_batch.py --device cuda --random-init         # cost side only (see below)
 
 --random-init: target and draft of the embedded pair's shapes with random weights (a GPU box
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -92,7 +94,8 @@ def plot(result: dict, path: Path) -> None:
 def markdown(result: dict) -> str:
     lines = [f"# Batched speculative decoding vs batched autoregressive ({result['device']['name']})", "",
              f"{result['target']} + {result['draft']}, bf16, greedy, {result['max_new_tokens']} new tokens a row, "
-             f"{result['date']}. Speedup = decode time of batched AR / batched speculative (prefill excluded).",
+             f"{result['date']}, {result['threads']} torch thread(s), {result['clock']} clock. "
+             "Speedup = decode time of batched AR / batched speculative (prefill excluded).",
              f"Roofline: {result['roofline_label']}.", "",
              "| B | γ | speedup | roofline | acceptance | verify ms | AR step ms | rows equal to AR |",
              "|---|---|---|---|---|---|---|---|"]
@@ -112,12 +115,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-sizes", default="1,2,4,8,16")
     ap.add_argument("--gammas", default="2,4")
     ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with this thread's CPU time (use with --threads 1): stable on a shared machine")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench"))
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cpu_time and (args.device != "cpu" or torch.get_num_threads() != 1):
+        raise SystemExit("--cpu-time measures one CPU thread: use it with --device cpu --threads 1")
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     gammas = [int(g) for g in args.gammas.split(",")]
     load_before = os.getloadavg()[0]
-    profile = describe(args.device)
+    profile = describe(args.device, clock=clock)
     roof = Roofline.of(profile)
     target, draft, prompts, eos = load_pair(args)
     rows = []
@@ -125,10 +136,11 @@ def main(argv=None) -> dict:
         for B in batch_sizes:
             batch = [prompts[b % len(prompts)] for b in range(B)]
             context = max(p.numel() for p in batch) + args.max_new_tokens // 2
-            ar = batched_autoregressive_generate(target, batch, args.max_new_tokens, eos_token_ids=eos)
+            ar = batched_autoregressive_generate(target, batch, args.max_new_tokens, eos_token_ids=eos, clock=clock)
             bar.update()
             for gamma in gammas:
-                spec = batched_speculative_generate(target, draft, batch, args.max_new_tokens, gamma, eos_token_ids=eos)
+                spec = batched_speculative_generate(target, draft, batch, args.max_new_tokens, gamma, eos_token_ids=eos,
+                                                  clock=clock)
                 bar.update()
                 alpha = spec.acceptance_rate
                 rows.append({"batch": B, "gamma": gamma, "speedup": decode_time(ar) / decode_time(spec),
@@ -146,6 +158,7 @@ def main(argv=None) -> dict:
               "target": args.target + (" (random weights)" if args.random_init else ""),
               "draft": args.draft + (" (random weights)" if args.random_init else ""),
               "max_new_tokens": args.max_new_tokens, "batch_sizes": batch_sizes, "gammas": gammas,
+              "threads": torch.get_num_threads(), "clock": "thread CPU time" if args.cpu_time else "wall",
               "device": {"name": profile.name, "kind": profile.kind, "bandwidth": str(profile.bandwidth),
                          "peak_flops": str(profile.peak_flops)},
               "roofline_label": f"{profile.bandwidth}; {profile.peak_flops}", "rows": rows}

@@ -5,6 +5,7 @@ costs about what feeding one does, so drafting k and verifying them in one pass 
 the curve bends up (the roofline's ridge) bounds the useful γ, and the batch size B.
 
     nice -n 10 python scripts/roofline.py                         # embedded 1.5B target, bf16, CPU
+    nice -n 10 python scripts/roofline.py --threads 1 --cpu-time  # one core, CPU time: a shared machine
     python scripts/roofline.py --device cuda --random-init        # the same ModelArgs, random weights
 
 --random-init builds the target's architecture with random weights (a GPU box that cannot
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from dataclasses import asdict
@@ -54,25 +56,30 @@ def sync(device):
 
 
 @torch.no_grad()
-def time_forwards(model: Transformer, context: int, tokens: tuple[int, ...], repeats: int, device) -> dict[int, float]:
-    """Best-of-`repeats` seconds of one forward of T tokens after `context` cached ones (the cache rolled back each time)."""
+def time_forwards(model: Transformer, context: int, tokens: tuple[int, ...], repeats: int, device,
+                  clock=time.perf_counter) -> dict[int, float]:
+    """Best-of-`repeats` seconds of one forward of T tokens after `context` cached ones (rolled back each time).
+
+    The token counts take turns (round robin), so a burst of load from another process on a shared
+    machine slows one round of every T rather than all runs of one T.
+    """
     cache = model.new_cache(max_len=context + max(tokens))
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.vocab_size, (1, context), generator=g).to(device)
     model(prompt, cache, num_logits=1)
-    times = {}
-    for T in tqdm(tokens, desc="tokens per forward"):
-        feed = torch.randint(0, model.vocab_size, (1, T), generator=g).to(device)
-        runs = []
-        for _ in range(repeats + 1):                     # the first run warms up
-            sync(device)
-            t0 = time.perf_counter()
-            model(feed, cache)                           # all T logits, as a verify pass computes them
-            sync(device)
-            runs.append(time.perf_counter() - t0)
-            cache.truncate(context)
-        times[T] = min(runs[1:])                         # the least disturbed run: the machine is shared
-    return times
+    feeds = {T: torch.randint(0, model.vocab_size, (1, T), generator=g).to(device) for T in tokens}
+    runs = {T: [] for T in tokens}
+    with tqdm(total=(repeats + 1) * len(tokens), desc="forwards") as bar:
+        for _ in range(repeats + 1):                     # the first round warms up
+            for T in tokens:
+                sync(device)
+                t0 = clock()
+                model(feeds[T], cache)                   # all T logits, as a verify pass computes them
+                sync(device)
+                runs[T].append(clock() - t0)
+                cache.truncate(context)
+                bar.update()
+    return {T: min(r[1:]) for T, r in runs.items()}     # the least disturbed run: the machine may be shared
 
 
 def plot(result: dict, path: Path) -> None:
@@ -111,15 +118,24 @@ def main(argv=None) -> dict:
     ap.add_argument("--random-init", action="store_true", help="random weights of the model's shape (no download)")
     ap.add_argument("--config", help="config.json for --random-init (default: Qwen2.5-1.5B's shape)")
     ap.add_argument("--context", type=int, default=256, help="cached tokens before each forward")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with this thread's CPU time (use with --threads 1): stable on a shared machine")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench"))
     args = ap.parse_args(argv)
-    profile = describe(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cpu_time and (args.device != "cpu" or torch.get_num_threads() != 1):
+        raise SystemExit("--cpu-time measures one CPU thread: use it with --device cpu --threads 1")
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    load_before = os.getloadavg()[0]
+    profile = describe(args.device, clock=clock)
     roof = Roofline.of(profile)
     model = load_target(args)
     tokens = tuple(t for t in TOKENS if t <= args.max_tokens)
-    times = time_forwards(model, args.context, tokens, args.repeats, args.device)
+    times = time_forwards(model, args.context, tokens, args.repeats, args.device, clock)
     rows = []
     for T, t in times.items():
         cost = forward_cost(model.args, T, args.context)
@@ -128,8 +144,10 @@ def main(argv=None) -> dict:
                      "flops": cost.flops, "bytes": cost.bytes, "intensity": cost.intensity,
                      "achieved_bandwidth": cost.bytes / t})
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+              "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
               "model": args.model + (" (random weights)" if args.random_init else ""), "model_args": asdict(model.args),
               "dtype": "bfloat16", "context": args.context, "repeats": args.repeats,
+              "threads": torch.get_num_threads(), "clock": "thread CPU time" if args.cpu_time else "wall",
               "device": {"name": profile.name, "kind": profile.kind, "bandwidth": asdict(profile.bandwidth),
                          "peak_flops": asdict(profile.peak_flops), "facts": {k: str(v) for k, v in profile.facts.items()}},
               "roofline": {"bandwidth": roof.bandwidth, "peak_flops": roof.peak_flops, "ridge": roof.ridge,

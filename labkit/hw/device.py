@@ -108,8 +108,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_copy_bandwidth(device: str | torch.device = "cpu", size_mib: int = 256, repeats: int = 5) -> Measure:
-    """Bytes/s of a large tensor copy (read + write both counted), the best of `repeats`."""
+def clock_name(clock) -> str:
+    return "CPU time of this thread" if clock is time.thread_time else "wall time"
+
+
+def measure_copy_bandwidth(device: str | torch.device = "cpu", size_mib: int = 256, repeats: int = 5,
+                           clock=time.perf_counter) -> Measure:
+    """Bytes/s of a large tensor copy (read + write both counted), the best of `repeats`.
+
+    clock: time.perf_counter (wall), or time.thread_time with torch.set_num_threads(1) on a shared CPU.
+    """
     device = torch.device(device)
     n = size_mib * 2**20
     src = torch.ones(n, dtype=torch.uint8, device=device)
@@ -117,16 +125,17 @@ def measure_copy_bandwidth(device: str | torch.device = "cpu", size_mib: int = 2
     best = float("inf")
     for _ in range(repeats + 1):                        # the first copy warms up (page faults, clocks)
         _sync(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         dst.copy_(src)
         _sync(device)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return Measure(2 * n / best, "B/s", f"measured: torch copy of {size_mib} MiB on {device.type}, "
-                                        f"read+write, best of {repeats}")
+                                        f"{torch.get_num_threads()} threads, read+write, best of {repeats}, "
+                                        f"{clock_name(clock)}")
 
 
 def measure_matmul_flops(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, n: int = 2048,
-                         repeats: int = 3) -> Measure:
+                         repeats: int = 3, clock=time.perf_counter) -> Measure:
     """FLOP/s of an n x n x n matmul in `dtype`, the best of `repeats` (what the decoder's linears can reach)."""
     device = torch.device(device)
     a = torch.randn(n, n, device=device).to(dtype)
@@ -134,23 +143,25 @@ def measure_matmul_flops(device: str | torch.device = "cpu", dtype: torch.dtype 
     best = float("inf")
     for _ in range(repeats + 1):
         _sync(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         a @ b
         _sync(device)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return Measure(2 * n**3 / best, "FLOP/s", f"measured: {n}^3 {str(dtype).removeprefix('torch.')} matmul "
-                                              f"on {device.type}, best of {repeats}")
+                                              f"on {device.type}, {torch.get_num_threads()} threads, best of "
+                                              f"{repeats}, {clock_name(clock)}")
 
 
-def describe(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, quick: bool = False) -> DeviceProfile:
+def describe(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, quick: bool = False,
+             clock=time.perf_counter) -> DeviceProfile:
     """The device's roofline numbers: measured bandwidth and FLOP/s, NVML's peak next to them on a GPU.
 
     quick: smaller benchmarks (a second instead of several), for notebooks and tests.
     """
     device = torch.device(device)
     size, n = (64, 1024) if quick else (256, 2048)
-    bandwidth = measure_copy_bandwidth(device, size_mib=size)
-    flops = measure_matmul_flops(device, dtype, n=n)
+    bandwidth = measure_copy_bandwidth(device, size_mib=size, clock=clock)
+    flops = measure_matmul_flops(device, dtype, n=n, clock=clock)
     if device.type == "cuda":
         handle = nvml_handle(device.index or 0)
         facts = nvml_facts(handle) if handle is not None else {"name": torch.cuda.get_device_name(device)}
