@@ -91,9 +91,11 @@ def plot(result: dict, path: Path) -> None:
     T = [r["tokens"] for r in rows]
     ax1.plot(T, [r["measured_s"] * 1e3 for r in rows], "o-", label="measured")
     ax1.plot(T, [r["predicted_s"] * 1e3 for r in rows], "--", label="roofline prediction")
-    ax1.plot(T, [r["memory_s"] * 1e3 for r in rows], ":", color="gray", label="bytes / bandwidth")
+    ax1.plot(T, [r["memory_s"] * 1e3 for r in rows], ":", color="gray",
+             label="bytes / bandwidth")
     ax1.set(xscale="log", xlabel="tokens per forward (k)", ylabel="ms per target forward",
-            title=f"{result['model']} on {result['device']['name']}")
+            title=f"{result['model']} on {result['device']['name']}\n"
+                  f"bf16, {result['threads']} thread(s), {result['clock']} clock, {result['context']} cached tokens")
     ax1.set_xticks(T, [str(t) for t in T], fontsize=7)
     ax1.legend()
     xs = [2 ** i for i in range(-2, 12)]
