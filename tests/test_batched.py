@@ -89,3 +89,21 @@ def test_batched_refuses_bad_requests(tiny_target):
         batched_speculative_generate(tiny_target, tiny_target, PROMPTS[:1], 5, gamma=0)
     with pytest.raises(ValueError, match="empty"):
         batched_autoregressive_generate(tiny_target, [torch.tensor([], dtype=torch.long)], 5)
+
+
+def test_batched_speculative_sampling_draws_from_the_target_distribution(tiny_target, tiny_draft):
+    """2000 rows of one prompt are 2000 independent runs: their first token follows p_target, not q_draft."""
+    cfg = SamplingConfig(temperature=0.8, top_k=12)
+    prompt = PROMPTS[0]
+    with torch.no_grad():
+        logits = tiny_target(prompt[None], tiny_target.new_cache(max_len=16))[0, -1]
+        q_logits = tiny_draft(prompt[None], tiny_draft.new_cache(max_len=16))[0, -1]
+    from labkit.sampling import probs_from_logits
+    p_target, q_draft = probs_from_logits(logits, cfg), probs_from_logits(q_logits, cfg)
+    n = 2000
+    out = batched_speculative_generate(tiny_target, tiny_draft, [prompt] * n, 2, gamma=2, sampling=cfg, seed=0)
+    empirical = torch.bincount(torch.tensor([t[0] for t in out.tokens]), minlength=p_target.numel()).float() / n
+    tv = 0.5 * (empirical - p_target).abs().sum()
+    assert tv < 0.05, f"total variation {tv:.3f} from p_target"
+    assert 0.5 * (q_draft - p_target).abs().sum() > 0.15       # the draft alone would have failed this
+    assert 0 < out.acceptance_rate < 1
