@@ -46,6 +46,10 @@ class Sampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        if self._gpm_prev is not None:
+            import pynvml
+            pynvml.nvmlGpmSampleFree(self._gpm_prev)
+            self._gpm_prev = None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
