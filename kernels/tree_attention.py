@@ -223,9 +223,5 @@ def benchmark(n_nodes=(16, 32, 64, 128, 256), prefixes=(512, 1024, 2048, 4096, 8
 
 if __name__ == "__main__":
     import sys
-    if "--bench" in sys.argv:
-        for row in benchmark():
-            print(row)
-    else:
-        for dt in (torch.float32, torch.float16):
-            print(dt, "max abs err", check(dtype=dt))
+    rows = benchmark() if "--bench" in sys.argv else [(dt, check(dtype=dt)) for dt in (torch.float32, torch.float16)]
+    print(*rows, sep="\n")

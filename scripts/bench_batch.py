@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from tqdm import tqdm
 from labkit.batched import batched_autoregressive_generate, batched_speculative_generate
 from labkit.hub import DEFAULT_DRAFT, DEFAULT_TARGET
 from labkit.hw import Roofline, describe, predicted_speedup
+from labkit.hw.device import add_timing_args, timing_clock
 from labkit.model import ModelArgs, Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,16 +115,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-sizes", default="1,2,4,8,16")
     ap.add_argument("--gammas", default="2,4")
     ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="time with this thread's CPU time (use with --threads 1): stable on a shared machine")
+    add_timing_args(ap)
     ap.add_argument("--out", default=str(ROOT / "data" / "bench"))
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.cpu_time and (args.device != "cpu" or torch.get_num_threads() != 1):
-        raise SystemExit("--cpu-time measures one CPU thread: use it with --device cpu --threads 1")
-    clock = time.thread_time if args.cpu_time else time.perf_counter
+    clock = timing_clock(args.device, args.threads, args.cpu_time)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     gammas = [int(g) for g in args.gammas.split(",")]
     load_before = os.getloadavg()[0]

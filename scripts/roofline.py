@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from labkit.hub import DEFAULT_TARGET
 from labkit.hw import Roofline, describe, forward_cost
+from labkit.hw.device import add_timing_args, timing_clock
 from labkit.model import ModelArgs, Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,16 +123,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--context", type=int, default=256, help="cached tokens before each forward")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    ap.add_argument("--cpu-time", action="store_true",
-                    help="time with this thread's CPU time (use with --threads 1): stable on a shared machine")
+    add_timing_args(ap)
     ap.add_argument("--out", default=str(ROOT / "data" / "bench"))
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.cpu_time and (args.device != "cpu" or torch.get_num_threads() != 1):
-        raise SystemExit("--cpu-time measures one CPU thread: use it with --device cpu --threads 1")
-    clock = time.thread_time if args.cpu_time else time.perf_counter
+    clock = timing_clock(args.device, args.threads, args.cpu_time)
     load_before = os.getloadavg()[0]
     profile = describe(args.device, clock=clock)
     roof = Roofline.of(profile)

@@ -108,6 +108,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def add_timing_args(parser) -> None:
+    """--threads and --cpu-time for a benchmark script's argparse parser."""
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with this thread's CPU time (use with --threads 1): stable on a shared machine")
+
+
+def timing_clock(device: str, threads: int | None, cpu_time: bool):
+    """Set torch's threads; the clock to time with: this thread's CPU time on one CPU thread, else wall time."""
+    if threads:
+        torch.set_num_threads(threads)
+    if cpu_time and (torch.device(device).type != "cpu" or torch.get_num_threads() != 1):
+        raise SystemExit("--cpu-time measures one CPU thread: use it with --device cpu --threads 1")
+    return time.thread_time if cpu_time else time.perf_counter
+
+
 def clock_name(clock) -> str:
     return "CPU time of this thread" if clock is time.thread_time else "wall time"
 
