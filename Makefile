@@ -69,5 +69,5 @@ bench: venv models
 # The hardware view (notebooks/08_hardware.ipynb): verify-time curve + roofline, batch sweep.
 .PHONY: bench-hw
 bench-hw: venv models
-	nice -n 10 $(PY) scripts/roofline.py
-	nice -n 10 $(PY) scripts/bench_batch.py
+	nice -n 10 $(PY) scripts/roofline.py --threads 1 --cpu-time
+	nice -n 10 $(PY) scripts/bench_batch.py --threads 1 --cpu-time
