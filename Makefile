@@ -75,3 +75,11 @@ train-mtp: venv
 	for m in $(MTP_MODELS); do $(PY) -m labkit.mtp.train --config data/mtp/configs/$$m.json --out data/mtp || exit 1; done
 	$(PY) scripts/mtp_memory.py
 	$(PY) scripts/mtp_results.py
+
+	$(PY) scripts/bench.py
+
+# The hardware view (notebooks/08_hardware.ipynb): verify-time curve + roofline, batch sweep.
+.PHONY: bench-hw
+bench-hw: venv models
+	nice -n 10 $(PY) scripts/roofline.py --threads 1 --cpu-time
+	nice -n 10 $(PY) scripts/bench_batch.py --threads 1 --cpu-time

@@ -12,6 +12,26 @@ import torch
 
 from labkit.model import ModelArgs, Transformer
 
+
+def _import_triton_interpreted() -> None:
+    """Without a GPU, import Triton (and tests/test_kernels.py's kernels) in interpreter mode.
+
+    Triton picks the interpreter when a function is decorated, its own library included, so
+    TRITON_INTERPRET=1 must be set before Triton's first import; it is unset right after, so
+    no subprocess or other test sees it (labkit only runs the kernels on CUDA tensors).
+    """
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") is not None:
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import kernels.acceptance  # noqa: F401
+        import kernels.tree_attention  # noqa: F401
+    finally:
+        del os.environ["TRITON_INTERPRET"]
+
+
+_import_triton_interpreted()
+
 TINY = dict(vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, qkv_bias=True,
             tie_embeddings=True, max_seq_len=256)
 

@@ -8,14 +8,16 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:==\s*(\S+))?$")
+REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:==\s*([^\s;]+))?\s*(?:;\s*(.+))?$")
 
 
 def parse_requirement(line: str) -> tuple[str, str | None]:
-    """'pandas==3.1.1' -> ('pandas', '3.1.1'); 'tqdm' -> ('tqdm', None). Only plain names and == pins."""
+    """'pandas==3.1.1' -> ('pandas', '3.1.1'); 'tqdm' -> ('tqdm', None); a marker stays with the pin:
+    'triton==3.7.1; platform_system == "Linux"' -> ('triton', '3.7.1; platform_system == "Linux"')."""
     m = REQUIREMENT.match(line.strip())
-    assert m, f"unexpected requirement {line!r}: use a plain name or name==version"
-    return m.group(1).lower().replace("_", "-"), m.group(2)
+    assert m, f"unexpected requirement {line!r}: use a plain name or name==version (optionally ; marker)"
+    pin = m.group(2) if m.group(3) is None else f"{m.group(2)}; {m.group(3).strip()}"
+    return m.group(1).lower().replace("_", "-"), pin
 
 
 def requirements_txt() -> dict[str, str | None]:
