@@ -94,11 +94,13 @@ def plot_steps(trace: Trace, ax):
 
 
 def plot_cache_rollback(lengths: list[CacheLengths], ax, name: str = "target"):
-    """A cache's length through the steps: up to its peak when the step writes, down at the rollback."""
+    """A cache's length after each step (blue) with the slots the step wrote and rolled back on top (red)."""
     x = np.arange(1, len(lengths) + 1)
-    ax.vlines(x, [c.after for c in lengths], [c.peak for c in lengths], color=COLOURS["rejected"], lw=3,
-              label="rolled back")
-    ax.step(x, [c.after for c in lengths], where="mid", color=COLOURS["target"], label=f"{name} cache after step")
+    after = np.array([c.after for c in lengths])
+    ax.bar(x, after, color=COLOURS["target"], label=f"{name} cache after the step")
+    ax.bar(x, [c.dropped for c in lengths], bottom=after, color=COLOURS["rejected"], label="written, then rolled back")
+    low, peak = min((c.before for c in lengths), default=0), max((c.peak for c in lengths), default=1)
+    ax.set_ylim(max(0, low - 3), peak + 0.25 * (peak - low) + 2)         # room for the legend
     ax.set_xlabel("step (target forward)")
     ax.set_ylabel("cache length (tokens)")
     ax.legend(fontsize="small", frameon=False, loc="upper left")

@@ -62,8 +62,8 @@ def test_plot_steps_bars():
 def test_plot_cache_rollback_and_routes():
     fig, (a1, a2, a3) = plt.subplots(1, 3)
     plot_cache_rollback([CacheLengths(9, 15, 13), CacheLengths(14, 20, 20)], a1)
-    segs = a1.collections[0].get_segments()
-    assert [tuple(s[:, 1]) for s in segs] == [(13, 15), (20, 20)]
+    assert [b.get_height() for b in a1.patches] == [13, 20, 2, 0]   # lengths after, then the rolled-back slots
+    assert [b.get_y() for b in a1.patches[2:]] == [13, 20]
     p, q = torch.tensor([0.6, 0.3, 0.1]), torch.tensor([0.2, 0.6, 0.2])
     parts = acceptance_parts(p, q)
     plot_routes(parts, [0, 1, 2], ["a", "b", "c"], a2)
