@@ -57,6 +57,7 @@ def plot_distributions(p_target: torch.Tensor, q_draft: torch.Tensor, token_ids:
     ax.set_xticks(x, labels, rotation=60, fontsize="small")
     ax.set_ylabel("probability")
     ax.set_title("the two distributions")
+    ax.margins(y=0.15)
     ax.legend(fontsize="small", frameon=False)
     return ax
 
@@ -71,6 +72,7 @@ def plot_routes(parts: AcceptanceParts, token_ids: list[int], labels: list[str],
     ax.set_xticks(x, labels, rotation=60, fontsize="small")
     ax.set_ylabel("probability")
     ax.set_title(f"where the output comes from (β = {parts.beta:.2f})")
+    ax.margins(y=0.15)
     ax.legend(fontsize="small", frameon=False)
     return ax
 
