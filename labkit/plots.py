@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from matplotlib.ticker import MaxNLocator
 
 from .adaptive import expected_speedup
 from .trace import Trace
@@ -88,6 +89,7 @@ def plot_steps(trace: Trace, ax):
     ax.bar(x, acc, color=COLOURS["accepted"], label="accepted")
     ax.bar(x, np.ones(len(steps)), bottom=acc, color=COLOURS["target"], label="target's token")
     ax.bar(x, rej, bottom=acc + 1, color=COLOURS["rejected"], alpha=0.6, hatch="//", label="rejected")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step (target forward)")
     ax.set_ylabel("tokens")
     ax.legend(fontsize="small", frameon=False, ncol=3, loc="upper left")
@@ -101,6 +103,7 @@ def plot_cache_rollback(lengths: list[CacheLengths], ax, name: str = "target"):
     after = np.array([c.after for c in lengths])
     ax.bar(x, after, color=COLOURS["target"], label=f"{name} cache after the step")
     ax.bar(x, [c.dropped for c in lengths], bottom=after, color=COLOURS["rejected"], label="written, then rolled back")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     low, peak = min((c.before for c in lengths), default=0), max((c.peak for c in lengths), default=1)
     ax.set_ylim(max(0, low - 3), peak + 0.25 * (peak - low) + 2)         # room for the legend
     ax.set_xlabel("step (target forward)")
