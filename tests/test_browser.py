@@ -116,7 +116,7 @@ def test_stepper_notebook_runs_in_jupyterlab_and_chromium(sync_playwright, lab):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
         try:
             # On a busy machine JupyterLab may ask which kernel to use, which cancels the queued cells: accept
             # the notebook's own kernel (as a person would) and run all cells again
@@ -156,7 +156,7 @@ def test_stepper_notebook_runs_in_jupyterlab_and_chromium(sync_playwright, lab):
             handle.press("ArrowRight")
             stepper_head(page, "step 1: γ = 5").wait_for(timeout=60_000)        # a new γ restarts the decode
             assert widget.locator("img").last.evaluate("img => img.naturalWidth > 100")
-            widget.scroll_into_view_if_needed()
+            widget.locator("img").last.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "browser_stepper.png"))
             errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
             tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t]
