@@ -24,7 +24,7 @@ LAB_IP   ?= 127.0.0.1
 PYTEST_NOTEBOOKS := tests notebooks --nbval --nbval-current-env --nbval-cell-timeout=900 \
                     --nbval-sanitize-with notebooks/sanitize.cfg
 
-.PHONY: help venv models lab test test-fast bench
+.PHONY: help venv models lab test test-fast bench chromium
 
 help:
 	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
@@ -57,8 +57,24 @@ lab: venv models
 	    --ServerApp.ip=$(LAB_IP) --ServerApp.port=$(LAB_PORT) --ServerApp.port_retries=0 \
 	    --IdentityProvider.token="$$token"
 
-test: venv models
+test: venv models chromium
 	LABKIT_INTEGRATION=1 $(PY) -m pytest $(PYTEST_NOTEBOOKS)
+
+# Debian's Chromium for tests/test_browser.py, installed once (as root, or with sudo). Without apt the browser
+# test skips, except in CI (CI=true), where it must run.
+chromium:
+	@command -v chromium >/dev/null || test -x /usr/bin/chromium || { \
+	    install="apt-get install -y --no-install-recommends chromium"; \
+	    if ! command -v apt-get >/dev/null; then \
+	        echo "no apt-get here: install Chromium at /usr/bin/chromium for the browser test (it skips without)" >&2; \
+	        test "$$CI" != true; \
+	    elif [ "$$(id -u)" = 0 ]; then \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$install; \
+	    elif command -v sudo >/dev/null; then \
+	        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive $$install; \
+	    else \
+	        echo "error: the browser test needs Debian's chromium: run 'apt-get install chromium' as root" >&2; exit 1; \
+	    fi; }
 
 test-fast: venv
 	$(PY) -m pytest tests

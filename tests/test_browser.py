@@ -1,0 +1,169 @@
+"""The lab as a learner meets it: real JupyterLab, Debian's Chromium driven by Playwright.
+
+Starts JupyterLab headless on a free port, opens the stepper notebook (02), runs all its cells
+from the Run menu, presses "next step", moves the γ slider, and checks that the coloured
+tokens and the matplotlib plot appear in the widget. A screenshot goes to test-artifacts/.
+Outside CI a machine without chromium or playwright skips it; in CI (CI=true) that fails.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = "notebooks/02_greedy_speculative.ipynb"
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# The settings a learner's lab gets from `make venv` (no news pop-up), and no autosave: the test
+# runs the committed notebook and must leave it as it was.
+LAB_SETTINGS = {"@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+                "@jupyterlab/docmanager-extension/plugin": {"autosave": False}}
+RUN_TIMEOUT_MS = 600_000     # loading the pair and running every cell (about 1.5 min on a quiet 2-core CPU)
+
+pytestmark = pytest.mark.integration
+
+
+def need(what: str, fix: str):
+    message = f"the browser test needs {what}: {fix}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + " (CI must run it: `make test` installs chromium as root or with sudo)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def sync_playwright():
+    if not Path(CHROMIUM).exists():
+        need("Debian's chromium at /usr/bin/chromium", "run `sudo apt-get install chromium` (make test does)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        need("playwright", "run `make venv` (it is pinned in requirements.txt)")
+    return sync_playwright
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server rooted at the repository: yields its base URL and token, then stops it."""
+    home = tmp_path_factory.mktemp("lab")
+    for plugin, values in LAB_SETTINGS.items():
+        f = home / "settings" / f"{plugin}.jupyterlab-settings"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(values))
+    port, token = free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+           f"--ServerApp.root_dir={ROOT}", f"--LabApp.user_settings_dir={home / 'settings'}",
+           f"--LabApp.workspaces_dir={home / 'workspaces'}"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
+    log = open(home / "lab.log", "w")
+    server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start:\n{(home / 'lab.log').read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield url, token
+    finally:
+        try:   # stops the server and its kernels (the kernel holds the model pair: several GB)
+            urllib.request.urlopen(urllib.request.Request(f"{url}/api/shutdown?token={token}", method="POST"), timeout=10)
+        except OSError:
+            pass
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def stepper_head(page, text: str = ""):
+    """The stepper's header line inside the widget's output (the notebook also shows a static step above it)."""
+    return page.locator(".jp-OutputArea-output .widget-output .lk-step-head", has_text=text or None).last
+
+
+def test_stepper_notebook_runs_in_jupyterlab_and_chromium(sync_playwright, lab):
+    url, token = lab
+    before = hashlib.sha256((ROOT / NOTEBOOK).read_bytes()).hexdigest()
+    ARTIFACTS.mkdir(exist_ok=True)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        try:
+            # On a busy machine JupyterLab may ask which kernel to use, which cancels the queued cells: accept
+            # the notebook's own kernel (as a person would) and run all cells again
+            asked = []
+            page.add_locator_handler(page.locator(".jp-Dialog", has_text="Select Kernel"),
+                                     lambda dialog: (asked.append(1), dialog.locator(".jp-mod-accept").click()))
+            page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}")
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+            idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first
+            idle.wait_for(timeout=90_000)
+            head, runs, deadline = stepper_head(page), 0, time.monotonic() + RUN_TIMEOUT_MS / 1000
+            while not head.is_visible():
+                if runs == 0 or (asked and runs == 1):
+                    idle.wait_for(timeout=90_000)
+                    page.get_by_role("menuitem", name="Run", exact=True).click()       # Run > Run All Cells
+                    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+                    runs += 1
+                assert time.monotonic() < deadline, "the stepper did not appear: see the failure screenshot"
+                try:
+                    head.wait_for(timeout=10_000)
+                except PlaywrightTimeout:
+                    pass
+            assert head.inner_text().startswith("step 1: γ = 4")
+
+            widget = page.locator(".jp-OutputArea-output").filter(has=page.get_by_role("button", name="next step")).last
+            widget.get_by_role("button", name="next step").click()
+            stepper_head(page, "step 2: γ = 4").wait_for(timeout=60_000)
+            coloured = widget.locator(".lk-accepted, .lk-rejected, .lk-correction, .lk-bonus")
+            assert coloured.count() > 0, "no coloured tokens in the stepper"
+            assert coloured.first.evaluate("e => getComputedStyle(e).backgroundColor") != "rgba(0, 0, 0, 0)"
+            plot = widget.locator("img").last
+            plot.wait_for(timeout=30_000)
+            assert plot.evaluate("img => img.complete && img.naturalWidth > 100"), "the plot image did not load"
+
+            handle = widget.locator(".widget-slider .noUi-handle").first         # γ slider: one step right
+            handle.click()
+            handle.press("ArrowRight")
+            stepper_head(page, "step 1: γ = 5").wait_for(timeout=60_000)        # a new γ restarts the decode
+            assert widget.locator("img").last.evaluate("img => img.naturalWidth > 100")
+            widget.locator("img").last.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "browser_stepper.png"))
+            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+            tracebacks = [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t]
+            assert not tracebacks, tracebacks[0][-2000:]
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "browser_stepper_failure.png"))
+            raise
+        finally:
+            browser.close()
+    assert hashlib.sha256((ROOT / NOTEBOOK).read_bytes()).hexdigest() == before, "the browser run changed the notebook"

@@ -1,0 +1,92 @@
+"""The stepper: one step's view (both caches' rollback measured, not assumed), its HTML, and the widget."""
+import pytest
+import torch
+
+from labkit import DraftModelDrafter, PromptLookupDrafter, SpeculativeDecoder, speculative_generate
+from labkit.widgets import Stepper, step_html, take_step, token_text
+
+from conftest import tiny_tokenizer
+
+PROMPT = torch.tensor([5, 17, 33, 2, 9])
+
+
+def test_take_step_measures_both_rollbacks(tiny_target, tiny_draft):
+    dec = SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_draft), PROMPT, max_new_tokens=40, gamma=4)
+    views = [take_step(dec) for _ in range(8)]
+    assert any(v.step.n_accepted < v.step.gamma for v in views), "the test needs a rejection"
+    for i, v in enumerate(views):
+        n, s = len(v.context), v.step
+        t, d = v.target_cache, v.draft_cache
+        assert v.index == i
+        assert t.before == n - 1                       # every committed token but the last
+        assert t.peak == t.before + s.gamma + 1        # verify fed the last token + γ drafts
+        assert t.after == n + s.n_accepted             # kept: up to the accepted prefix
+        assert t.dropped == s.gamma - s.n_accepted
+        assert d.peak == n + s.gamma - 1               # the draft saw all committed and γ-1 of its own
+        assert d.after == min(d.peak, n + s.n_accepted)
+    assert views[-1].target_cache.after == dec.cache.length == len(dec.tokens) - 1
+
+
+def test_stepping_equals_one_shot_generation(tiny_target, tiny_draft):
+    dec = SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_draft), PROMPT, max_new_tokens=30, gamma=3)
+    while not dec.done:
+        take_step(dec)
+    ref = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft), PROMPT, max_new_tokens=30, gamma=3)
+    assert dec.tokens[len(PROMPT):] == ref.tokens
+    assert "truncate" not in vars(dec.cache), "the rollback watch must be removed after the step"
+    with pytest.raises(ValueError, match="finished"):
+        take_step(dec)
+
+
+def test_drafter_without_cache_has_no_draft_bar(tiny_target):
+    prompt = torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])
+    dec = SpeculativeDecoder(tiny_target, PromptLookupDrafter(), prompt, max_new_tokens=10, gamma=3)
+    v = take_step(dec)
+    assert v.draft_cache is None
+    assert v.step.proposed == [9, 7, 8]
+    html = step_html(v, tiny_tokenizer())
+    assert "draft cache" not in html and "target cache" in html
+
+
+def test_step_html_labels_every_token(tiny_target, tiny_draft):
+    tok = tiny_tokenizer()
+    dec = SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_draft), PROMPT, max_new_tokens=40, gamma=4)
+    views = [take_step(dec) for _ in range(8)]
+    rejected = next(v for v in views if v.step.n_accepted < v.step.gamma)
+    html = step_html(rejected, tok)
+    s = rejected.step
+    assert f"accepted {s.n_accepted} of {s.gamma}" in html
+    assert html.count('class="lk-draft"') == s.gamma
+    assert html.count('class="lk-accepted"') == 2 * s.n_accepted      # in the verdict row and the committed row
+    assert html.count('class="lk-rejected"') == s.gamma - s.n_accepted
+    assert html.count('class="lk-correction"') == 2 and "lk-bonus" not in html
+    c = rejected.target_cache
+    assert f"{c.before} → {c.peak} (written) → <b>{c.after}</b>" in html
+
+
+def test_token_text_shows_whitespace():
+    tok = tiny_tokenizer()
+    assert token_text(tok, tok.convert_tokens_to_ids("Ġ")) == "␣"
+    assert token_text(tok, tok.convert_tokens_to_ids("Ċ")) == "↵"
+
+
+def test_stepper_buttons_and_gamma_slider(tiny_target, tiny_draft):
+    made = []
+
+    def make(gamma):
+        made.append(gamma)
+        return SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_draft), PROMPT, max_new_tokens=12, gamma=gamma)
+
+    stepper = Stepper(make, tiny_tokenizer(), gamma=3)
+    assert made == [3] and len(stepper.views) == 1
+    stepper.button.click()
+    stepper.button.click()
+    assert len(stepper.views) == 3 and all(v.step.gamma <= 3 for v in stepper.views)
+    stepper.slider.value = 5                                # a new γ restarts the decode and takes its first step
+    assert made == [3, 5] and len(stepper.views) == 1 and stepper.views[0].step.gamma == 5
+    while not stepper.decoder.done:
+        stepper.button.click()
+    n = len(stepper.views)
+    assert stepper.next_step() is None and len(stepper.views) == n   # a finished decode stays put
+    with pytest.raises(ValueError, match="gamma"):
+        Stepper(make, tiny_tokenizer(), gamma=0)
