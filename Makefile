@@ -92,8 +92,6 @@ train-mtp: venv
 	$(PY) scripts/mtp_memory.py
 	$(PY) scripts/mtp_results.py
 
-	$(PY) scripts/bench.py
-
 # The hardware view (notebooks/08_hardware.ipynb): verify-time curve + roofline, batch sweep.
 .PHONY: bench-hw
 bench-hw: venv models
