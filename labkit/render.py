@@ -34,10 +34,10 @@ def pieces(trace: Trace, prompt_ids: list[int], tokenizer) -> list[Piece]:
         return tokenizer.decode(context + extra)[len(base):]
 
     for i, s in enumerate(trace.steps):
-        kept = s.proposed[: s.n_accepted]
+        kept = s.accepted_tokens
         for j in range(len(kept)):
             out.append(Piece(text_of(kept[: j + 1])[len(text_of(kept[:j])):], "accepted", i))
-        rejected = s.proposed[s.n_accepted:]
+        rejected = s.rejected_tokens
         for j in range(len(rejected)):
             prev = text_of(kept + rejected[:j])
             out.append(Piece(text_of(kept + rejected[: j + 1])[len(prev):], "rejected", i))

@@ -19,6 +19,26 @@ class Step:
     verify_time: float           # seconds of the target forward
     p_target: list[float] = field(default_factory=list)
     q_draft: list[float] = field(default_factory=list)
+    parents: list[int] | None = None   # tree steps: the proposal's parent vector (proposed = its node tokens)
+    path: list[int] | None = None      # tree steps: the accepted nodes, root to leaf
+
+    @property
+    def accepted_tokens(self) -> list[int]:
+        """The draft tokens the target kept, in order (a tree step: its accepted path)."""
+        if self.path is not None:
+            return [self.proposed[i] for i in self.path]
+        return self.proposed[: self.n_accepted]
+
+    @property
+    def rejected_tokens(self) -> list[int]:
+        """The draft tokens shown as rejected: a chain's tail, or a tree's first-ranked line past the path."""
+        if self.parents is None:
+            return self.proposed[self.n_accepted:]
+        out, node = [], self.path[-1] if self.path else -1
+        while node in self.parents:
+            node = self.parents.index(node)        # the first (best-ranked) child
+            out.append(self.proposed[node])
+        return out
 
     @property
     def gamma(self) -> int:

@@ -103,6 +103,11 @@ class Tree:
         paths.scatter_(1, depth, torch.arange(self.n_nodes).expand_as(depth))      # node j -> column depth[j]
         return paths[:, 1:]
 
+    def paths_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to `node`, in order."""
+        ancestors = self.mask[node].nonzero()[:, 0]                                 # (depth,)
+        return ancestors[self.depth[ancestors].argsort()].tolist()
+
     def children(self, node: int) -> torch.Tensor:
         """Indices of node `node`'s children (node -1: the root's)."""
         return (self.parents == node).nonzero()[:, 0]

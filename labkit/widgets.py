@@ -113,7 +113,7 @@ def step_html(view: StepView, tokenizer, context_tokens: int = 12) -> str:
             verdicts.append(_chip(token_text(tokenizer, t), "rejected", "after a rejection"))
     own = "bonus" if s.bonus else ("correction" if s.proposed else "target")
     verdicts.append(_chip("+ " + token_text(tokenizer, s.next_token), own, f"target's {own}"))
-    kept = s.proposed[: s.n_accepted]
+    kept = s.accepted_tokens
     committed = "".join(_chip(token_text(tokenizer, t), "accepted") for t in kept) + \
         _chip(token_text(tokenizer, s.next_token), own)
     longest = max(view.target_cache.peak, view.draft_cache.peak if view.draft_cache else 0, 1)

@@ -1,0 +1,129 @@
+"""Tree speculative decoding: propose a tree -> verify every node in one forward -> accept a path -> compact.
+
+The loop of `speculative.py` with a tree in place of a chain (SpecInfer, Medusa, EAGLE). A step
+feeds the last committed token (the root) and the N tree nodes in one target forward, each node
+at RoPE position root + depth and attending to the cache, the root and its own ancestors
+(`Tree.verify_mask`). Acceptance picks the longest root-to-leaf path the target agrees with plus
+one token of the target's; rollback keeps exactly the accepted path's KV entries, moved into
+place right after the root (`KVCache.commit_path`), and drops every other branch.
+
+Tree drafters (Medusa, EAGLE) read the target's features, so the loop hands them the final
+hidden state of every position it adds to the cache (see drafters/tree_base.py).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from .drafters.tree_base import TreeDrafter, TreeProposal
+from .model import Transformer
+from .sampling import GREEDY, SamplingConfig, probs_from_logits
+from .speculative import Generation, _seeded, _stop_reason, _until_eos, check_request
+from .trace import Step, Trace
+from .tree import Tree
+from .tree_acceptance import TreeAcceptance, greedy_tree_accept, tree_speculative_accept
+
+# An acceptance rule other than the exact ones (Medusa's typical acceptance): (tree, node tokens, logits) -> acceptance
+AcceptRule = Callable[[Tree, torch.Tensor, torch.Tensor], TreeAcceptance]
+
+
+def target_features_and_logits(target: Transformer, tokens: torch.Tensor, cache, positions=None, mask=None):
+    """The target's final hidden states (T, D) and logits (T, V) for tokens (1, T) after the cache."""
+    if not isinstance(target, Transformer):
+        raise TypeError("tree decoding needs labkit's native model (explicit tree mask and positions, hidden "
+                        "states for the drafter): load the target with backend='native'")
+    h = target.hidden(tokens, cache, positions, mask)[0]                              # (T, D)
+    return h, target.lm_head(h).float()                                               # (T, D), (T, V)
+
+
+class TreeDecoder:
+    """One sequence decoded with a tree drafter; each `step()` is one target forward over a tree."""
+
+    def __init__(self, target: Transformer, drafter: TreeDrafter, prompt_ids: torch.Tensor, max_new_tokens: int,
+                 budget: int = 32, sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
+                 seed: int | None = None, accept_rule: AcceptRule | None = None):
+        if not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"budget (tree nodes per step) must be an integer >= 1, got {budget!r}")
+        if accept_rule is not None and not sampling.greedy:
+            raise ValueError("a custom accept_rule (typical acceptance) replaces sampling: use temperature 0 with it")
+        self.prompt = check_request(target, prompt_ids, max_new_tokens)
+        self.target, self.drafter, self.max_new_tokens, self.budget = target, drafter, max_new_tokens, budget
+        self.sampling, self.accept_rule = sampling, accept_rule
+        self.generator, self.eos = _seeded(seed), set(eos_token_ids)
+        self.trace = Trace(method=f"tree/{drafter.name}", prompt_len=self.prompt.numel())
+        self.tokens = self.prompt.tolist()                      # committed: prompt + generated
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.cache = target.new_cache()                     # holds every committed token but the last
+            features = target.embed_tokens.weight.new_zeros(0, target.args.dim)                    # (0, D)
+            if len(self.tokens) > 1:
+                features = target.hidden(self.prompt[None, :-1].to(target.device), self.cache)[0]   # (T-1, D)
+            drafter.start(self.prompt, features)
+        self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
+
+    @property
+    def done(self) -> bool:
+        return self.trace.stop_reason != ""
+
+    @torch.no_grad()
+    def step(self) -> Step:
+        """propose a tree -> verify it -> accept a path -> commit and compact, once."""
+        trace, n_cached = self.trace, self.cache.length
+        budget = min(self.budget, self.max_new_tokens - trace.n_generated - 1, self.cache.room() - 1)
+        # 1. Propose: a tree of candidate continuations
+        t0 = time.perf_counter()
+        proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator) \
+            if budget > 0 else TreeProposal(self.prompt[:0], Tree.chain(0))
+        proposal = proposal.limit(max(budget, 0))
+        tree, nodes = proposal.tree, proposal.tokens                                     # (N,)
+        # 2. Verify: root + every node in one forward, each node seeing only its ancestors
+        t1 = time.perf_counter()
+        feed = torch.tensor([self.tokens[-1]] + nodes.tolist(), device=self.target.device)[None]   # (1, 1+N)
+        positions = torch.cat([torch.zeros(1, dtype=torch.long), tree.depth]) + n_cached           # (1+N,)
+        mask = tree.verify_mask(n_cached).to(self.target.device)                                   # (1+N, S)
+        hidden, logits = target_features_and_logits(self.target, feed, self.cache,
+                                                    positions[None].to(self.target.device), mask)
+        logits = logits.cpu()                                                            # (1+N, V)
+        t2 = time.perf_counter()
+        # 3. Accept: the longest agreeing path plus one token of the target's
+        if self.accept_rule is not None:
+            p_target = logits.softmax(-1)
+            acc = self.accept_rule(tree, nodes, logits)
+        elif self.sampling.greedy:
+            p_target = logits.softmax(-1)                                                # (1+N, V), for the trace
+            acc = greedy_tree_accept(tree, nodes, logits)
+        else:
+            p_target = probs_from_logits(logits, self.sampling)                          # (1+N, V)
+            acc = tree_speculative_accept(tree, nodes, proposal.q_draft, p_target, self.generator)
+        # 4. Commit: keep the root and the accepted path in the cache, compacted; drop every other branch
+        keep = torch.tensor([0] + [1 + i for i in acc.path])                             # (1+n,) slots after n_cached
+        self.cache.commit_path(keep, start=n_cached)
+        self.drafter.extend(hidden[keep.to(hidden.device)])
+        new_tokens = _until_eos(acc.tokens(nodes), self.eos)
+        self.tokens += new_tokens
+        parent_rows = tree.parents + 1                                                    # (N,) row of each node's parent
+        step = Step(nodes.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1,
+                    p_target[parent_rows, nodes].tolist(),
+                    (proposal.score if proposal.score is not None else torch.ones(tree.n_nodes)).tolist(),
+                    parents=tree.parents.tolist(), path=acc.path)
+        trace.steps.append(step)
+        trace.n_generated = len(self.tokens) - self.prompt.numel()
+        trace.stop_reason = _stop_reason(new_tokens, self.eos, trace.n_generated, self.max_new_tokens, self.cache)
+        trace.total_time += time.perf_counter() - t0
+        return step
+
+    def run(self) -> Generation:
+        """Step until EOS, max_new_tokens or the end of the context."""
+        while not self.done:
+            self.step()
+        return Generation(self.tokens[self.prompt.numel():], self.trace)
+
+
+def tree_generate(target: Transformer, drafter: TreeDrafter, prompt_ids: torch.Tensor, max_new_tokens: int,
+                  budget: int = 32, sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
+                  seed: int | None = None, accept_rule: AcceptRule | None = None) -> Generation:
+    """Decode up to max_new_tokens after prompt_ids (T,) with a tree drafter proposing up to `budget` nodes a step."""
+    return TreeDecoder(target, drafter, prompt_ids, max_new_tokens, budget, sampling, eos_token_ids, seed,
+                       accept_rule).run()
