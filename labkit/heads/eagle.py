@@ -1,0 +1,222 @@
+"""EAGLE: a draft head that extrapolates the target's features (Li et al. 2024, EAGLE-1 and EAGLE-2).
+
+The target's final hidden state f_t (the "feature" its LM head reads) is far more predictable
+than its next token. The head takes the pair (f_t, x_{t+1}), feature and the token it led to,
+    g_t = fc(concat(embed(x_{t+1}), f_t))             # (D,) the target's embedding, frozen
+    f̂_{t+1} = norm(Block(g_{<=t}))                   # one decoder layer with its own KV cache
+and reads the next token off f̂_{t+1} with the target's frozen LM head. Drafting continues on
+its own predicted features: (f̂_{t+1}, x_{t+2}) -> f̂_{t+2}, and so on.
+
+EAGLE-2's dynamic tree: from the last committed pair, expand the top-k tokens; at every depth
+keep the `top_k` nodes with the highest cumulative draft log-probability and expand each of
+them by its own top-k; finally rerank every node seen by cumulative log-probability and keep
+the best `budget` (a parent always outranks its child, so the kept set is a tree).
+
+A CPU cost note: the LM head (151,936 x 1,536, 467 MB in bf16) is as heavy to read as a sixth
+of the target, and the tree reads it once per depth. The drafter therefore scores a *draft
+vocabulary*, the tokens the target actually produced on the training corpus (EAGLE-3 does the
+same with its `d2t` map); tokens outside it are never drafted, which costs acceptance, never
+exactness: the target verifies every node with its full vocabulary.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..drafters.tree_base import TreeDrafter, TreeProposal
+from ..kv_cache import KVCache
+from ..model import Block, ModelArgs, RMSNorm, Transformer, chain_mask, rope_cos_sin
+from ..sampling import SamplingConfig
+from ..tree import Tree
+
+
+@dataclass
+class EagleConfig:
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int              # the head's own SwiGLU width (the target's is 8,960; 1,024 trains on a CPU)
+    norm_eps: float
+    rope_theta: float
+    base_model: str = ""
+
+    @classmethod
+    def for_target(cls, target: Transformer, hidden_dim: int = 1024, base_model: str = "") -> "EagleConfig":
+        a = target.args
+        return cls(a.dim, a.n_heads, a.n_kv_heads, a.head_dim, hidden_dim, a.norm_eps, a.rope_theta, base_model)
+
+    def block_args(self, vocab_size: int, max_seq_len: int) -> ModelArgs:
+        return ModelArgs(vocab_size=vocab_size, dim=self.dim, n_layers=1, n_heads=self.n_heads,
+                         n_kv_heads=self.n_kv_heads, hidden_dim=self.hidden_dim, head_dim=self.head_dim,
+                         norm_eps=self.norm_eps, rope_theta=self.rope_theta, qkv_bias=True, max_seq_len=max_seq_len)
+
+
+class EagleHead(nn.Module):
+    """fc(concat(embedding, feature)) -> one decoder layer -> RMSNorm: the next feature. Embedding/LM head: the target's."""
+
+    def __init__(self, cfg: EagleConfig, vocab_size: int, max_seq_len: int = 4096):
+        super().__init__()
+        self.cfg = cfg
+        self.args = cfg.block_args(vocab_size, max_seq_len)
+        self.fc = nn.Linear(2 * cfg.dim, cfg.dim, bias=True)
+        self.block = Block(self.args)
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def new_cache(self, max_len: int, batch_size: int = 1, dtype=None, device=None) -> KVCache:
+        p = self.fc.weight
+        return KVCache(1, batch_size, self.args.n_kv_heads, max_len, self.args.head_dim, dtype or p.dtype,
+                       device or p.device)
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache: KVCache,
+                positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Next features (B, T, D) from pairs (f_t, embed(x_{t+1})): features, token_embeds (B, T, D)."""
+        B, T, _ = features.shape
+        if positions is None:
+            positions = (cache.length + torch.arange(T, device=features.device)).expand(B, T)
+        if mask is None and T > 1:
+            mask = chain_mask(cache.length, T, features.device)
+        cos, sin = rope_cos_sin(positions, self.args.head_dim, self.args.rope_theta, features.dtype)
+        x = self.fc(torch.cat([token_embeds, features], dim=-1))                       # (B, T, D)
+        x = self.block(x, cos, sin, cache, 0, mask)                                     # (B, T, D)
+        cache.advance(T)
+        return self.norm(x)
+
+
+class EagleDrafter(TreeDrafter):
+    """EAGLE-2 dynamic-tree drafting (or a chain with top_k=1) on the target's features."""
+
+    name = "eagle"
+
+    def __init__(self, head: EagleHead, target: Transformer, draft_vocab: torch.Tensor | None = None,
+                 top_k: int = 8, depth: int = 6):
+        if top_k < 1 or depth < 1:
+            raise ValueError(f"top_k and depth must be >= 1, got top_k={top_k}, depth={depth}")
+        self.head, self.target, self.top_k, self.depth = head, target, top_k, depth
+        if draft_vocab is None:
+            draft_vocab = torch.arange(target.vocab_size)
+        self.draft_vocab = draft_vocab.long().to(target.device)                         # (Vd,) ids in the target's vocab
+        self.lm_head_rows = target.lm_head.weight[self.draft_vocab]                      # (Vd, D), sliced once
+        self.name = "eagle-chain" if top_k == 1 else "eagle-tree"
+
+    def _log_probs(self, f: torch.Tensor) -> torch.Tensor:
+        """Draft log-probabilities (..., Vd) over the draft vocabulary from features (..., D)."""
+        return (f @ self.lm_head_rows.T).float().log_softmax(-1)
+
+    def start(self, prompt_ids, features):
+        self.tokens = prompt_ids.tolist()
+        self.features = features.clone()                                                # (L, D) target features
+        self.cache = self.head.new_cache(self.target.max_seq_len)
+        self.n_pairs = 0                                                                # committed pairs in the head's cache
+
+    def extend(self, features):
+        self.features = torch.cat([self.features, features])                           # (L, D)
+
+    @torch.no_grad()
+    def propose(self, tokens, budget, sampling, generator=None) -> TreeProposal:
+        L, dev = self.features.shape[0], self.target.device
+        if L == 0:                                                                     # a one-token prompt: no feature yet
+            return TreeProposal(tokens[:0], Tree.chain(0))
+        # 1. Catch up on the committed pairs (f_t, x_{t+1}), t = n_pairs .. L-1, dropping last step's tree
+        self.cache.truncate(self.n_pairs)
+        new = torch.arange(self.n_pairs, L)
+        embeds = self.target.embed_tokens(tokens[new + 1].to(dev))                      # (m, D)
+        f_hat = self.head(self.features[new][None], embeds[None], self.cache)[0, -1]   # (D,) predicts x_{L+1}
+        self.n_pairs = L
+        # 2. Grow the tree depth by depth, expanding the top_k best nodes of each layer (EAGLE-2)
+        k = min(self.top_k, budget)
+        logp = self._log_probs(f_hat)                                                  # (Vd,)
+        score, idx = logp.topk(k)                                                      # (k,)
+        all_tokens, all_parents, all_scores = [self.draft_vocab[idx].cpu()], [torch.full((k,), -1)], [score.cpu()]
+        layer = torch.arange(k)                                                        # node ids of the current layer
+        layer_f = f_hat.expand(k, -1)                                                  # (k, D) feature that chose them
+        tree_slots: list[int] = []                                                     # node id at each tree slot of the cache
+        n_nodes = k
+        for d in range(1, self.depth):
+            # feed the layer's pairs (feature that chose the node, node token) at position L-1+d
+            parents = torch.cat(all_parents)
+            slot_of = {n: i for i, n in enumerate(tree_slots)}
+            mask = torch.zeros(layer.numel(), self.n_pairs + len(tree_slots) + layer.numel(), dtype=torch.bool)
+            mask[:, : self.n_pairs] = True
+            for r, node in enumerate(layer.tolist()):
+                a = int(parents[node])
+                while a >= 0:                                                          # the node's ancestors' slots
+                    mask[r, self.n_pairs + slot_of[a]] = True
+                    a = int(parents[a])
+                mask[r, self.n_pairs + len(tree_slots) + r] = True
+            node_tokens = torch.cat(all_tokens)[layer]                                 # (k,)
+            positions = torch.full((1, layer.numel()), L - 1 + d, device=dev)
+            out = self.head(layer_f[None], self.target.embed_tokens(node_tokens.to(dev))[None], self.cache,
+                            positions, mask.to(dev))[0]                               # (k, D)
+            tree_slots += layer.tolist()
+            # every node of the layer proposes its top-k children; cumulative scores rank them globally
+            logp = self._log_probs(out)                                                # (k, Vd)
+            child_score, child_idx = logp.topk(k, dim=-1)                              # (k, k)
+            cum = (torch.cat(all_scores)[layer][:, None] + child_score.cpu()).flatten()   # (k*k,)
+            all_tokens.append(self.draft_vocab[child_idx].flatten().cpu())
+            all_parents.append(layer.repeat_interleave(k))
+            all_scores.append(cum)
+            best = cum.topk(k).indices                                                 # (k,) of the k*k children
+            layer = n_nodes + best
+            layer_f = out.repeat_interleave(k, dim=0)[best.to(dev)]                    # (k, D)
+            n_nodes += k * k
+        # 3. Rerank: the `budget` best nodes by cumulative log-probability, parents before children
+        tokens_, parents_, scores_ = torch.cat(all_tokens), torch.cat(all_parents), torch.cat(all_scores)
+        keep = _best_subtree(parents_, scores_, budget)
+        new_index = torch.full((n_nodes,), -1)
+        new_index[keep] = torch.arange(keep.numel())
+        kept_parents = torch.where(parents_[keep] >= 0, new_index[parents_[keep].clamp(min=0)], -1)
+        return TreeProposal(tokens_[keep], Tree(kept_parents), None, scores_[keep].exp())
+
+
+def _best_subtree(parents: torch.Tensor, scores: torch.Tensor, budget: int) -> torch.Tensor:
+    """Indices (sorted) of the `budget` highest-scoring nodes whose parents are all kept."""
+    depth = torch.zeros_like(parents)
+    for i in range(parents.numel()):                                                   # parents[i] < i
+        depth[i] = 0 if parents[i] < 0 else depth[parents[i]] + 1
+    order = sorted(range(parents.numel()), key=lambda i: (-float(scores[i]), int(depth[i]), i))
+    kept: set[int] = set()
+    for i in order:
+        if len(kept) == budget:
+            break
+        if parents[i] < 0 or int(parents[i]) in kept:
+            kept.add(i)
+    return torch.tensor(sorted(kept), dtype=torch.long)
+
+
+# --- checkpoints -------------------------------------------------------------------------------------
+
+def save_eagle(head: EagleHead, draft_vocab: torch.Tensor, out_dir: Path, meta: dict) -> None:
+    """Weights (bf16 safetensors, without the target's embedding and LM head), draft vocabulary, config."""
+    from safetensors.torch import save_file
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
+    state["draft_vocab"] = draft_vocab.to(torch.int32).contiguous()
+    save_file(state, out_dir / "model.safetensors")
+    (out_dir / "config.json").write_text(json.dumps({"kind": "eagle", **asdict(head.cfg), **meta}, indent=1) + "\n")
+
+
+def load_eagle(path: str | Path, target: Transformer) -> tuple[EagleHead, torch.Tensor, dict]:
+    """(head in the target's dtype and device, draft vocabulary (Vd,), config) from `save_eagle`'s directory."""
+    from safetensors.torch import load_file
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no EAGLE head in {path}: train one with `python -m labkit.heads.train_eagle` "
+                                "(see data/heads/README.md)")
+    config = json.loads((path / "config.json").read_text())
+    fields = EagleConfig.__dataclass_fields__
+    cfg = EagleConfig(**{k: config[k] for k in fields if k in config})
+    if cfg.dim != target.args.dim:
+        raise ValueError(f"this EAGLE head was trained for features of width {cfg.dim} ({cfg.base_model}), "
+                         f"the target's are {target.args.dim}: train a head for this target")
+    state = load_file(path / "model.safetensors")
+    draft_vocab = state.pop("draft_vocab").long()
+    head = EagleHead(cfg, target.vocab_size, target.max_seq_len)
+    head.load_state_dict(state)
+    p = target.embed_tokens.weight
+    return head.to(device=p.device, dtype=p.dtype).eval().requires_grad_(False), draft_vocab, config

@@ -1,0 +1,132 @@
+"""Train an EAGLE head on the frozen target's features: python -m labkit.heads.train_eagle.
+
+Self-distillation as in EAGLE (Li et al. 2024, sec. 4): for every position t of the corpus the
+head sees the pair (f_t, x_{t+1}) and must predict the next feature f_{t+1} (smooth-L1
+regression) and, through the target's frozen LM head, the target's own greedy token after it
+(cross-entropy, weight 0.1). Features and labels come from `features.py` (computed once).
+
+CPU economics: the cross-entropy runs over the *draft vocabulary* (every token the target
+produced on the training corpus, a few 10k of 151,936), which is also the vocabulary the drafter
+scores at inference; matmuls run in bf16 autocast (AMX), parameters and optimizer in fp32.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..loading import load_model
+from .eagle import EagleConfig, EagleHead, save_eagle
+from .features import FeatureSet, default_features_dir
+
+
+def eagle_loss(head: EagleHead, embed: torch.nn.Embedding, lm_rows: torch.Tensor, vocab_map: torch.Tensor,
+               tokens: torch.Tensor, hidden: torch.Tensor, target_next: torch.Tensor, cls_weight: float = 0.1,
+               noise: float = 0.0):
+    """(loss, regression loss, classification loss, top-1 correct, count) on sequences tokens (B, T).
+
+    Pair t = (hidden[:, t], tokens[:, t+1]) predicts hidden[:, t+1] and target_next[:, t+1].
+    """
+    B, T = tokens.shape
+    f_in = hidden[:, :-1].float()                                                       # (B, T-1, D)
+    if noise:
+        f_in = f_in + (torch.rand_like(f_in) - 0.5) * 2 * noise                          # EAGLE's input noise
+    f_true = hidden[:, 1:].float()                                                      # (B, T-1, D)
+    labels = vocab_map[target_next[:, 1:]]                                              # (B, T-1) in the draft vocab
+    cache = head.new_cache(T, batch_size=B, dtype=torch.float32, device=f_in.device)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        f_hat = head(f_in, embed(tokens[:, 1:]).float(), cache)                         # (B, T-1, D)
+        logits = f_hat @ lm_rows.T                                                      # (B, T-1, Vd)
+    f_hat, logits = f_hat.float(), logits.float()
+    reg = F.smooth_l1_loss(f_hat, f_true)
+    valid = labels >= 0                                                                 # held-out tokens may be outside
+    cls = F.cross_entropy(logits[valid], labels[valid])
+    correct = int((logits.argmax(-1) == labels)[valid].sum())
+    return reg + cls_weight * cls, float(reg.detach()), float(cls.detach()), correct, int(valid.sum())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--features", default=None, help="default: <cache>/features/<model>")
+    ap.add_argument("--out", default="data/heads/eagle-qwen2.5-coder-1.5b")
+    ap.add_argument("--hidden-dim", type=int, default=1024, help="the head's SwiGLU width")
+    ap.add_argument("--epochs", type=float, default=4)
+    ap.add_argument("--minutes", type=float, default=15, help="wall-clock cap on training")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--noise", type=float, default=0.0, help="uniform noise on the input features (EAGLE: 0.1)")
+    ap.add_argument("--heldout", type=int, default=16, help="sequences held out for evaluation")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+
+    target = load_model(args.model, "bf16").model
+    fs = FeatureSet(args.features or default_features_dir(args.model), n_heldout=args.heldout)
+    tokens, hidden, target_next = fs.split("train")
+    draft_vocab = target_next[:, 1:].unique()                                           # (Vd,) sorted ids
+    vocab_map = torch.full((target.vocab_size,), -1, dtype=torch.long)
+    vocab_map[draft_vocab] = torch.arange(draft_vocab.numel())
+    lm_rows = target.lm_head.weight[draft_vocab].detach()                               # (Vd, D) bf16, frozen
+    embed = target.embed_tokens
+    head = EagleHead(EagleConfig.for_target(target, args.hidden_dim, args.model), target.vocab_size,
+                     fs.meta.get("seq_len", 256)).float().train()
+    n_params = sum(p.numel() for p in head.parameters())
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    steps_per_epoch = math.ceil(tokens.shape[0] / args.batch_size)
+    total = max(1, int(args.epochs * steps_per_epoch))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    print(f"EAGLE head: {n_params / 1e6:.1f}M parameters, draft vocabulary {draft_vocab.numel()} tokens, "
+          f"{tokens.shape[0]} x {tokens.shape[1]} training tokens, {total} steps planned", flush=True)
+
+    t0, step, curve = time.perf_counter(), 0, []
+    g = torch.Generator().manual_seed(args.seed)
+    bar = tqdm(total=total, desc="eagle", unit="step")
+    while step < total and time.perf_counter() - t0 < args.minutes * 60:
+        for rows in torch.randperm(tokens.shape[0], generator=g).split(args.batch_size):
+            loss, reg, cls, correct, count = eagle_loss(head, embed, lm_rows, vocab_map, tokens[rows], hidden[rows],
+                                                        target_next[rows], noise=args.noise)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+            opt.step()
+            sched.step()
+            step += 1
+            curve.append({"step": step, "loss": round(float(loss), 4), "reg": round(reg, 4), "cls": round(cls, 4),
+                          "top1": round(correct / count, 4)})
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.3f}", cls=f"{cls:.2f}", top1=f"{correct / count:.2f}")
+            if step >= total or time.perf_counter() - t0 >= args.minutes * 60:
+                break
+    bar.close()
+    train_seconds = time.perf_counter() - t0
+
+    head.eval()
+    h_tokens, h_hidden, h_next = fs.split("heldout")
+    with torch.no_grad():
+        _, reg, cls, correct, count = eagle_loss(head, embed, lm_rows, vocab_map, h_tokens, h_hidden, h_next)
+    in_vocab = float((vocab_map[h_next[:, 1:]] >= 0).float().mean())
+    print(f"held out: reg {reg:.4f}, cls {cls:.3f}, top-1 {correct / count:.3f} "
+          f"(draft vocabulary covers {in_vocab:.1%} of the target's tokens)")
+    meta = {"base_model": args.model, "draft_vocab_size": int(draft_vocab.numel()), "parameters": n_params,
+            "train": {"steps": step, "seconds": round(train_seconds, 1), "batch_size": args.batch_size,
+                      "lr": args.lr, "noise": args.noise, "seed": args.seed, "epochs_planned": args.epochs,
+                      "first": curve[0], "last": curve[-1], "curve": curve[:: max(1, len(curve) // 50)]},
+            "heldout": {"sequences": args.heldout, "reg": round(reg, 4), "cls": round(cls, 4),
+                        "top1": round(correct / count, 4), "draft_vocab_coverage": round(in_vocab, 4)},
+            "features": fs.meta, "command": "python -m labkit.heads.train_eagle " + " ".join(argv or [])}
+    save_eagle(head, draft_vocab, Path(args.out), meta)
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1:])
