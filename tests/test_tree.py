@@ -251,3 +251,16 @@ def test_sampled_chain_as_tree_samples_like_the_chain_loop(tiny_target, tiny_dra
 def test_budget_and_tree_errors(tiny_target):
     with pytest.raises(ValueError, match="budget"):
         TreeDecoder(tiny_target, ChainAsTree(DraftModelDrafter(tiny_target)), PROMPTS[0], 5, budget=0)
+
+
+def test_tree_layout_puts_parents_over_their_children():
+    from labkit.tree_plots import tree_layout
+    tree = Tree(random_parents(15, 3))
+    x, y = tree_layout(tree)
+    assert torch.equal(y, tree.depth.float())
+    leaves_x = x[tree.is_leaf]
+    assert leaves_x.unique().numel() == leaves_x.numel()               # leaves never overlap
+    for i in range(15):
+        kids = tree.children(i)
+        if kids.numel():
+            assert float(x[i]) == pytest.approx(float(x[kids].mean()))
