@@ -16,6 +16,7 @@ from ..adaptive import CostAwareGamma, GammaPolicy, HeuristicGamma
 from ..autoregressive import autoregressive_generate
 from ..drafters import DraftModelDrafter, PromptLookupDrafter
 from ..speculative import Generation, speculative_generate
+from ..tree_decoding import tree_generate
 
 BASELINE = "ar"             # every speedup is over this method, measured on the same question
 PEER_BASELINE = "hf-generate"
@@ -77,6 +78,31 @@ def _lookup(m: Models):
     return PromptLookupDrafter()
 
 
+def _tree(drafter: Callable[[Models], object], budget: int):
+    """A tree drafter (Medusa, EAGLE) with `budget` nodes a step; built once, its heads loaded once."""
+    def build(m: Models, n: int, gamma: int, lookup_tokens: int):
+        eos, tree_drafter = m.target.eos_token_ids, drafter(m)
+        return lambda ids: from_generation(tree_generate(m.target.model, tree_drafter, ids, n, budget,
+                                                         eos_token_ids=eos))
+    return build
+
+
+def _eagle(top_k: int, depth: int):
+    def make(m: Models):
+        from ..heads.checkpoint import REPO_HEADS
+        from ..heads.eagle import EagleDrafter, load_eagle
+        head, vocab, _ = load_eagle(REPO_HEADS / "eagle-qwen2.5-coder-1.5b", m.target.model)
+        return EagleDrafter(head, m.target.model, vocab, top_k=top_k, depth=depth)
+    return make
+
+
+def _medusa(m: Models):
+    from ..heads.checkpoint import REPO_HEADS, load_medusa
+    from ..heads.medusa import MedusaDrafter
+    heads, config = load_medusa(REPO_HEADS / "medusa-qwen2.5-coder-1.5b", m.target.model)
+    return MedusaDrafter(heads, [tuple(c) for c in config["choices"]])
+
+
 class ForwardTimer:
     """Counts a module's forward calls and the seconds spent in them (hooks; the module is untouched)."""
 
@@ -123,6 +149,8 @@ def _transformers(assisted: bool = False, lookup: bool = False):
     return build
 
 
+# tree sizes: a verify pass over 32 tokens costs ~1.2 one-token passes on this CPU, 64 tokens ~1.7
+MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET = 32, 8, 6, 32
 _D, _HF, _HFD = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"})
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("ar", "labkit autoregressive", frozenset(), _autoregressive),
@@ -132,6 +160,11 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _speculative(_lookup, lambda g: g)),
     Method("lookup-cost-aware", "labkit prompt lookup, cost-aware γ", frozenset(),
            _speculative(_lookup, CostAwareGamma)),
+    Method("medusa", "labkit Medusa-1 heads, static tree", frozenset(), _tree(_medusa, budget=MEDUSA_BUDGET)),
+    Method("eagle-chain", "labkit EAGLE head, chain of 6", frozenset(),
+           _tree(_eagle(top_k=1, depth=EAGLE_DEPTH), budget=EAGLE_DEPTH)),
+    Method("eagle-tree", "labkit EAGLE-2 dynamic tree", frozenset(),
+           _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), budget=EAGLE_BUDGET)),
     Method("hf-generate", "transformers generate", _HF, _transformers(), PEER_BASELINE),
     Method("hf-assisted", "transformers assisted", _HFD, _transformers(assisted=True), PEER_BASELINE),
     Method("hf-lookup", "transformers prompt lookup, {lookup_tokens} tokens", _HF, _transformers(lookup=True),
