@@ -50,7 +50,8 @@ def add_bench_parser(sub) -> None:
     from .hub import DEFAULT_DRAFT, DEFAULT_TARGET
     b = sub.add_parser("bench", help="Spec-Bench-style run of every method on a question file (resumable)")
     b.add_argument("--questions", required=True, help="Spec-Bench jsonl: question_id, category, turns")
-    b.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from: {','.join(METHODS)}")
+    b.add_argument("--methods", default=None, help=f"comma-separated, from: {','.join(METHODS)} (default: all that "
+                   "run on the target; medusa and eagle-* need the embedded target their heads were trained on)")
     b.add_argument("--categories", default=None, help="comma-separated categories to run (default: all)")
     b.add_argument("--limit", type=int, default=None, help="the first N questions only (after --categories)")
     b.add_argument("--max-new-tokens", type=int, default=64)
@@ -150,7 +151,7 @@ def cmd_bench(a) -> int:
 
     def split(s):
         return [x.strip() for x in s.split(",") if x.strip()] if s else None
-    config = BenchConfig(a.questions, a.out, split(a.methods) or [], a.target, a.draft, a.dtype, a.max_new_tokens,
+    config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, a.dtype, a.max_new_tokens,
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit)
     try:
         results = Path(a.out) / "results.jsonl" if a.report_only else run_bench(config)

@@ -6,7 +6,7 @@ import torch
 
 from labkit.adaptive import expected_speedup
 from labkit.bench import BenchConfig, read_questions, run_bench
-from labkit.bench.methods import METHODS, check_methods
+from labkit.bench.methods import METHODS, check_methods, default_methods
 from labkit.bench.questions import QuestionFileError
 from labkit.bench.report import aggregate, first_difference, ideal_speedup, load_run
 from labkit.bench.runner import read_results
@@ -67,8 +67,8 @@ def test_bad_question_files(tmp_path):
 
 def test_method_choice_puts_baselines_first():
     assert check_methods(["lookup", "hf-assisted"]) == ["ar", "lookup", "hf-generate", "hf-assisted"]
-    with pytest.raises(ValueError, match="unknown methods \\['medusa'\\]"):
-        check_methods(["medusa"])
+    with pytest.raises(ValueError, match="unknown methods \\['hydra'\\]"):
+        check_methods(["hydra"])
 
 
 # --- the report's arithmetic on records made up by hand -------------------------------------
@@ -178,7 +178,8 @@ def test_cli_end_to_end_exact_methods_equal_baseline(pair, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     meta, records = load_run(tmp_path / "results.jsonl")
     by = {r["method"]: r for r in records}
-    assert set(by) == set(METHODS) and {r["question_id"] for r in records} == {"tiny-code"}
+    assert set(by) == set(default_methods(pair[0])) and {r["question_id"] for r in records} == {"tiny-code"}
+    assert "medusa" not in by                                                            # heads of another target
     assert all(len(r["tokens"]) == 16 or 1 in r["tokens"] for r in records)          # max_new_tokens or EOS
     for name, r in by.items():
         assert r["tokens"] == by[r["reference"]]["tokens"], name                        # fp32: exact, token for token

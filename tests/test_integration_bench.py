@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from labkit.bench.methods import METHODS
+from labkit.bench.methods import default_methods
 
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m-instruct"
@@ -24,7 +24,7 @@ def test_bench_cli_on_a_real_model(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {(r["category"], r["method"]): r for r in report["rows"]}
-    assert {m for c, m in rows if c == "all"} == set(METHODS)
+    assert {m for c, m in rows if c == "all"} == set(default_methods(MODEL))
     assert report["mismatches"] == [], report["mismatches"]       # fp32: every method equals its reference
     assert rows["all", "ar"]["tokens_per_forward"] == 1 and rows["all", "hf-generate"]["tokens_per_forward"] == 1
     assert rows["all", "draft"]["tokens_per_forward"] > 2          # the draft is the target itself

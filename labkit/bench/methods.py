@@ -87,8 +87,19 @@ def _tree(drafter: Callable[[Models], object], budget: int):
     return build
 
 
+HEADS_TARGET = "qwen2.5-coder-1.5b-instruct"      # the target the shipped heads (data/heads/) were trained on
+
+
+def _check_heads_target(m: Models) -> None:
+    if m.target.name != HEADS_TARGET:
+        raise ValueError(f"the shipped Medusa/EAGLE heads were trained on {HEADS_TARGET}, not {m.target.name}: "
+                         "leave medusa/eagle-* out of --methods, or train heads for this target "
+                         "(data/heads/README.md)")
+
+
 def _eagle(top_k: int, depth: int):
     def make(m: Models):
+        _check_heads_target(m)
         from ..heads.checkpoint import REPO_HEADS
         from ..heads.eagle import EagleDrafter, load_eagle
         head, vocab, _ = load_eagle(REPO_HEADS / "eagle-qwen2.5-coder-1.5b", m.target.model)
@@ -97,6 +108,7 @@ def _eagle(top_k: int, depth: int):
 
 
 def _medusa(m: Models):
+    _check_heads_target(m)
     from ..heads.checkpoint import REPO_HEADS, load_medusa
     from ..heads.medusa import MedusaDrafter
     heads, config = load_medusa(REPO_HEADS / "medusa-qwen2.5-coder-1.5b", m.target.model)
@@ -151,7 +163,7 @@ def _transformers(assisted: bool = False, lookup: bool = False):
 
 # tree sizes: a verify pass over 32 tokens costs ~1.2 one-token passes on this CPU, 64 tokens ~1.7
 MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET = 32, 8, 6, 32
-_D, _HF, _HFD = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"})
+_D, _HF, _HFD, _H = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"}), frozenset({"heads"})
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("ar", "labkit autoregressive", frozenset(), _autoregressive),
     Method("draft", "labkit draft model, γ={gamma}", _D, _speculative(_draft_model, lambda g: g)),
@@ -160,16 +172,21 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _speculative(_lookup, lambda g: g)),
     Method("lookup-cost-aware", "labkit prompt lookup, cost-aware γ", frozenset(),
            _speculative(_lookup, CostAwareGamma)),
-    Method("medusa", "labkit Medusa-1 heads, static tree", frozenset(), _tree(_medusa, budget=MEDUSA_BUDGET)),
-    Method("eagle-chain", "labkit EAGLE head, chain of 6", frozenset(),
+    Method("medusa", "labkit Medusa-1 heads, static tree", _H, _tree(_medusa, budget=MEDUSA_BUDGET)),
+    Method("eagle-chain", "labkit EAGLE head, chain of 6", _H,
            _tree(_eagle(top_k=1, depth=EAGLE_DEPTH), budget=EAGLE_DEPTH)),
-    Method("eagle-tree", "labkit EAGLE-2 dynamic tree", frozenset(),
+    Method("eagle-tree", "labkit EAGLE-2 dynamic tree", _H,
            _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), budget=EAGLE_BUDGET)),
     Method("hf-generate", "transformers generate", _HF, _transformers(), PEER_BASELINE),
     Method("hf-assisted", "transformers assisted", _HFD, _transformers(assisted=True), PEER_BASELINE),
     Method("hf-lookup", "transformers prompt lookup, {lookup_tokens} tokens", _HF, _transformers(lookup=True),
            PEER_BASELINE),
 ]}
+
+
+def default_methods(target: str) -> list[str]:
+    """Every method that runs on `target`: the trained-head methods only on the target they were trained on."""
+    return [n for n, m in METHODS.items() if "heads" not in m.needs or target == HEADS_TARGET]
 
 
 def check_methods(names: list[str]) -> list[str]:

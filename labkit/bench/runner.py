@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .methods import METHODS, Models, check_methods
+from .methods import METHODS, Models, check_methods, default_methods
 from .questions import Question, read_questions
 
 RESULTS = "results.jsonl"
@@ -28,7 +28,7 @@ WARM_UP_PROMPT, WARM_UP_TOKENS = "Say hi.", 8
 class BenchConfig:
     questions: str
     out: str
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    methods: list[str] | None = None   # None: every method that runs on the target (default_methods)
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str = "qwen2.5-coder-0.5b-instruct"
     dtype: str = "bf16"
@@ -41,7 +41,7 @@ class BenchConfig:
     limit: int | None = None
 
     def __post_init__(self):
-        self.methods = check_methods(self.methods)
+        self.methods = check_methods(default_methods(self.target) if self.methods is None else self.methods)
         for name in ("max_new_tokens", "gamma", "lookup_tokens", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
