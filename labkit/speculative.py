@@ -50,7 +50,33 @@ def _seeded(seed: int | None) -> torch.Generator | None:
     return None if seed is None else torch.Generator().manual_seed(seed)
 
 
-class SpeculativeDecoder:
+class StepDecoder:
+    """What the chain and tree loops share: committed tokens, a cache, a trace, and stepping to the end."""
+    prompt: torch.Tensor
+    tokens: list[int]
+    trace: Trace
+
+    @property
+    def done(self) -> bool:
+        return self.trace.stop_reason != ""
+
+    def run(self) -> Generation:
+        """Step until EOS, max_new_tokens or the end of the context."""
+        while not self.done:
+            self.step()
+        return Generation(self.tokens[self.prompt.numel():], self.trace)
+
+    def _record(self, step: Step, new_tokens: list[int], t0: float) -> Step:
+        """Log a finished step, its committed tokens already appended, and decide whether to stop."""
+        trace = self.trace
+        trace.steps.append(step)
+        trace.n_generated = len(self.tokens) - self.prompt.numel()
+        trace.stop_reason = _stop_reason(new_tokens, self.eos, trace.n_generated, self.max_new_tokens, self.cache)
+        trace.total_time += time.perf_counter() - t0
+        return step
+
+
+class SpeculativeDecoder(StepDecoder):
     """One sequence decoded speculatively; each `step()` is one target forward.
 
     Holds what the loop needs between steps (the committed tokens, the target's cache, the
@@ -73,10 +99,6 @@ class SpeculativeDecoder:
                 target(self.prompt[None, :-1].to(target.device), self.cache, num_logits=1)
             drafter.start(self.prompt)
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
-
-    @property
-    def done(self) -> bool:
-        return self.trace.stop_reason != ""
 
     @torch.no_grad()
     def step(self) -> Step:
@@ -108,18 +130,8 @@ class SpeculativeDecoder:
         self.tokens += new_tokens
         step = Step(draft.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1,
                     p_target[torch.arange(draft.numel()), draft].tolist(), proposal.q_token[:k].tolist())
-        trace.steps.append(step)
         self.policy.update(step)
-        trace.n_generated = len(self.tokens) - self.prompt.numel()
-        trace.stop_reason = _stop_reason(new_tokens, self.eos, trace.n_generated, self.max_new_tokens, self.cache)
-        trace.total_time += time.perf_counter() - t0
-        return step
-
-    def run(self) -> Generation:
-        """Step until EOS, max_new_tokens or the end of the context."""
-        while not self.done:
-            self.step()
-        return Generation(self.tokens[self.prompt.numel():], self.trace)
+        return self._record(step, new_tokens, t0)
 
 
 def speculative_generate(target, drafter: Drafter, prompt_ids: torch.Tensor, max_new_tokens: int,

@@ -20,7 +20,7 @@ import torch
 from .drafters.tree_base import TreeDrafter, TreeProposal
 from .model import Transformer
 from .sampling import GREEDY, SamplingConfig, probs_from_logits
-from .speculative import Generation, _seeded, _stop_reason, _until_eos, check_request
+from .speculative import Generation, StepDecoder, _seeded, _until_eos, check_request
 from .trace import Step, Trace
 from .tree import Tree
 from .tree_acceptance import TreeAcceptance, greedy_tree_accept, tree_speculative_accept
@@ -38,7 +38,7 @@ def target_features_and_logits(target: Transformer, tokens: torch.Tensor, cache,
     return h, target.lm_head(h).float()                                               # (T, D), (T, V)
 
 
-class TreeDecoder:
+class TreeDecoder(StepDecoder):
     """One sequence decoded with a tree drafter; each `step()` is one target forward over a tree."""
 
     def __init__(self, target: Transformer, drafter: TreeDrafter, prompt_ids: torch.Tensor, max_new_tokens: int,
@@ -63,15 +63,11 @@ class TreeDecoder:
             drafter.start(self.prompt, features)
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
 
-    @property
-    def done(self) -> bool:
-        return self.trace.stop_reason != ""
-
     @torch.no_grad()
     def step(self) -> Step:
         """propose a tree -> verify it -> accept a path -> commit and compact, once."""
-        trace, n_cached = self.trace, self.cache.length
-        budget = min(self.budget, self.max_new_tokens - trace.n_generated - 1, self.cache.room() - 1)
+        n_cached = self.cache.length
+        budget = min(self.budget, self.max_new_tokens - self.trace.n_generated - 1, self.cache.room() - 1)
         # 1. Propose: a tree of candidate continuations
         t0 = time.perf_counter()
         proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator) \
@@ -108,17 +104,7 @@ class TreeDecoder:
                     p_target[parent_rows, nodes].tolist(),
                     (proposal.score if proposal.score is not None else torch.ones(tree.n_nodes)).tolist(),
                     parents=tree.parents.tolist(), path=acc.path)
-        trace.steps.append(step)
-        trace.n_generated = len(self.tokens) - self.prompt.numel()
-        trace.stop_reason = _stop_reason(new_tokens, self.eos, trace.n_generated, self.max_new_tokens, self.cache)
-        trace.total_time += time.perf_counter() - t0
-        return step
-
-    def run(self) -> Generation:
-        """Step until EOS, max_new_tokens or the end of the context."""
-        while not self.done:
-            self.step()
-        return Generation(self.tokens[self.prompt.numel():], self.trace)
+        return self._record(step, new_tokens, t0)
 
 
 def tree_generate(target: Transformer, drafter: TreeDrafter, prompt_ids: torch.Tensor, max_new_tokens: int,
