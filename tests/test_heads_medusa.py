@@ -13,7 +13,8 @@ import torch
 from labkit.heads.checkpoint import load_medusa, save_medusa
 from labkit.heads.features import FeatureSet, extract_features, target_features
 from labkit.heads.medusa import MedusaDrafter, MedusaHeads, expected_accepted, medusa_tree, path_value, rank_accuracy
-from labkit.heads.train_medusa import (IGNORE, SubVocab, frozen_linear, head_labels, topk_accuracy, train_heads)
+from labkit.heads.train_medusa import (IGNORE, SubVocab, frozen_linear, head_labels, heldout_loss, topk_accuracy,
+                                      train_heads)
 from labkit.sampling import GREEDY
 from labkit.tree import Tree
 from labkit.typical import typical_accept, typical_threshold
@@ -206,9 +207,16 @@ def test_features_train_and_topk_accuracy_end_to_end(tmp_path):
     h = hidden[0, :5].float()
     torch.testing.assert_close(sub_heads(h), full_heads(h)[..., vocab.ids])
 
-    losses = train_heads(sub_heads, hidden, sub, steps=80, batch_size=64, lr=3e-3, warmup=5, progress=False)
-    assert len(losses) == 80
+    log = train_heads(sub_heads, hidden, sub, steps=80, batch_size=64, lr=3e-3, warmup=5, progress=False)
+    losses = log.losses
+    assert len(losses) == 80 and log.best_step == 80 and not log.val_losses
     assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10
+    # with held-out data the best weights are kept: its loss at the end is the lowest measured
+    val = (hidden[:2], sub[:2])
+    log = train_heads(sub_heads, hidden, sub, steps=30, batch_size=64, lr=3e-2, val=val, eval_every=10,
+                      progress=False)
+    assert log.val_steps == [0, 10, 20, 30]
+    assert heldout_loss(sub_heads, val[0].reshape(-1, 64), val[1].reshape(-1, 3)) == pytest.approx(min(log.val_losses))
 
     full_heads.load_state_dict(sub_heads.state_dict())
     acc = topk_accuracy(full_heads, hidden, target_next, k=5, chunk=37)                # chunk: not a divisor

