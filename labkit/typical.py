@@ -12,28 +12,13 @@ exactly greedy tree acceptance.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .tree import Tree
+from .tree_acceptance import TreeAcceptance
 
 EPSILON = 0.09          # Medusa's posterior_threshold
 DELTA = 0.3             # Medusa's posterior_alpha
-
-
-@dataclass(frozen=True)
-class TreeAcceptance:
-    path: torch.Tensor     # (n_accepted,) accepted node indices, root to leaf
-    next_token: int        # the target's argmax after the last accepted node (after the root if none)
-
-    @property
-    def n_accepted(self) -> int:
-        return self.path.numel()
-
-    def tokens(self, node_tokens: torch.Tensor) -> list[int]:
-        """The tokens this step commits: the accepted nodes' tokens and the next token."""
-        return node_tokens[self.path].tolist() + [self.next_token]
 
 
 def typical_threshold(p_target: torch.Tensor, epsilon: float = EPSILON, delta: float = DELTA) -> torch.Tensor:
@@ -60,12 +45,9 @@ def typical_accept(p_target: torch.Tensor, tree: Tree, node_tokens: torch.Tensor
     # accepted = passes on the whole root-to-node path: node i's ancestors (mask row i) all pass
     accepted = ~(tree.mask & ~passes[None, :]).any(1) if N else passes              # (N,)
     if not bool(accepted.any()):
-        return TreeAcceptance(node_tokens.new_empty(0), int(p_target[0].argmax()))
+        return TreeAcceptance([], int(p_target[0].argmax()), bonus=False)
     depth = torch.where(accepted, tree.depth, 0)                                   # (N,)
     log_p = torch.where(tree.mask, torch.log(p_x.clamp(min=1e-30))[None, :], 0).sum(1)   # (N,) path log-likelihood
-    best_depth = depth.max()
-    log_p = torch.where(depth == best_depth, log_p, -torch.inf)
+    log_p = torch.where(depth == depth.max(), log_p, -torch.inf)
     last = int(log_p.argmax())                                                     # deepest, then most likely
-    path = tree.mask[last].nonzero()[:, 0]                                         # ancestors in index order
-    path = path[tree.depth[path].argsort()]                                        # root to leaf
-    return TreeAcceptance(path, int(p_target[1 + last].argmax()))
+    return TreeAcceptance(tree.paths_to(last), int(p_target[1 + last].argmax()), bonus=bool(tree.is_leaf[last]))

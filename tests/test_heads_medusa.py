@@ -12,11 +12,13 @@ import torch
 
 from labkit.heads.checkpoint import load_medusa, save_medusa
 from labkit.heads.features import FeatureSet, extract_features, target_features
-from labkit.heads.medusa import MedusaDrafter, MedusaHeads, expected_accepted, medusa_tree, path_value, rank_accuracy
+from labkit.heads.medusa import (MedusaDrafter, MedusaHeads, expected_accepted, medusa_tree, path_value, rank_accuracy,
+                                 typical_accept_rule)
 from labkit.heads.train_medusa import (IGNORE, SubVocab, frozen_linear, head_labels, heldout_loss, topk_accuracy,
                                       train_heads)
 from labkit.sampling import GREEDY
 from labkit.tree import Tree
+from labkit.tree_acceptance import greedy_tree_accept
 from labkit.typical import typical_accept, typical_threshold
 
 from conftest import tiny_model
@@ -267,7 +269,7 @@ def test_typical_tiny_epsilon_accepts_every_positive_probability_path():
     tree, tokens, p_target = random_tree_case()
     acc = typical_accept(p_target, tree, tokens, epsilon=1e-12, delta=1.0)
     assert acc.n_accepted == int(tree.depth.max())                                   # the deepest path
-    assert tree.depth[acc.path].tolist() == [1, 2, 3]
+    assert tree.depth[acc.path].tolist() == [1, 2, 3] and acc.bonus
     assert acc.next_token == int(p_target[1 + acc.path[-1]].argmax())
     # a zero-probability token is never kept, whatever the threshold
     p_zero = p_target.clone()
@@ -293,7 +295,8 @@ def test_typical_with_one_hot_targets_is_greedy_tree_acceptance():
         while (nxt := [int(c) for c in tree.children(node) if tokens[c] == greedy[node + 1]]):
             node = nxt[0]
             path.append(node)
-        assert acc.path.tolist() == path and acc.next_token == int(greedy[node + 1])
+        assert acc.path == path and acc.next_token == int(greedy[node + 1])
+        assert acc == greedy_tree_accept(tree, tokens, p_target.log())
 
 
 def test_typical_threshold_follows_entropy_and_ties_go_to_the_likelier_path():
@@ -312,7 +315,15 @@ def test_typical_threshold_follows_entropy_and_ties_go_to_the_likelier_path():
     p[0, 3], p[0, 5], p[0, 0] = 0.3, 0.5, 0.2
     p[1:, 0] = 1.0
     acc = typical_accept(p, tree, torch.tensor([3, 5]))
-    assert acc.path.tolist() == [1] and acc.tokens(torch.tensor([3, 5])) == [5, 0]
+    assert acc.path == [1] and acc.tokens(torch.tensor([3, 5])) == [5, 0]
+
+
+def test_typical_accept_rule_reads_logits_at_a_temperature():
+    tree, tokens, p_target = random_tree_case(3)
+    logits = p_target.log() * 2.0                                                     # softmax(logits / 2) = p_target
+    assert typical_accept_rule(temperature=2.0)(tree, tokens, logits) == typical_accept(p_target, tree, tokens)
+    with pytest.raises(ValueError, match="temperature"):
+        typical_accept_rule(temperature=0.0)
 
 
 # --- the shipped heads (integration tier) ------------------------------------------------------------

@@ -13,6 +13,7 @@ import torch
 
 from .medusa import MedusaHeads
 
+REPO_HEADS = Path(__file__).resolve().parents[2] / "data" / "heads"     # the shipped heads
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 

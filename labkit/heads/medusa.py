@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from ..drafters.tree_base import TreeDrafter, TreeProposal
 from ..sampling import SamplingConfig
 from ..tree import Tree
+from ..tree_acceptance import TreeAcceptance
+from ..typical import DELTA, EPSILON, typical_accept
 
 
 class ResBlock(nn.Module):
@@ -177,3 +179,18 @@ class MedusaDrafter(TreeDrafter):
         logits = self.heads(feature).float()                                 # (K, V)
         top_p, top_ids = logits.softmax(-1).topk(int(rank.max()) + 1, dim=-1)  # (K, k) each
         return TreeProposal(top_ids[head, rank].to(tokens.device), tree, q_draft=None, score=top_p[head, rank])
+
+
+def typical_accept_rule(epsilon: float = EPSILON, delta: float = DELTA, temperature: float = 1.0):
+    """Medusa's typical acceptance (labkit/typical.py) as the tree decoder's accept_rule.
+
+    The rule gets the verify logits (1+N, V) and judges the nodes against softmax(logits / temperature).
+    """
+    if temperature <= 0:
+        raise ValueError(f"typical acceptance needs a temperature > 0 (its entropy is of softmax(logits / T)), "
+                         f"got {temperature}")
+
+    def rule(tree: Tree, node_tokens: torch.Tensor, target_logits: torch.Tensor) -> TreeAcceptance:
+        p_target = (target_logits.float() / temperature).softmax(-1)                # (1+N, V)
+        return typical_accept(p_target, tree, node_tokens, epsilon, delta)
+    return rule
