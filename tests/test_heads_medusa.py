@@ -329,7 +329,7 @@ def test_typical_accept_rule_reads_logits_at_a_temperature():
 # --- the shipped heads (integration tier) ------------------------------------------------------------
 @pytest.mark.integration
 def test_shipped_medusa_heads_load_and_predict():
-    from labkit import load_model
+    from labkit import autoregressive_generate, load_model
     from labkit.cli import encode_prompt
     from labkit.hub import DEFAULT_TARGET
     torch.set_num_threads(2)                                                          # restored by one_thread
@@ -343,7 +343,7 @@ def test_shipped_medusa_heads_load_and_predict():
     Tree.from_choices([tuple(c) for c in config["choices"]])
     # on the target's own greedy continuation of a prompt, head 0 guesses the token after next often
     ids = encode_prompt(target.tokenizer, "Write a Python function that reverses a linked list.", True)
-    seq = greedy_sequence(target.model, ids.tolist(), 32)
+    seq = torch.cat([ids, torch.tensor(autoregressive_generate(target.model, ids, 32).tokens)])
     with torch.no_grad():
         hidden = target.model.hidden(seq[None], target.model.new_cache(max_len=seq.numel()))[0]   # (T, D)
         guesses = heads(hidden[ids.numel() - 1:-2])[0].argmax(-1)                   # head 0 at t -> token t+2
