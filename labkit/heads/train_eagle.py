@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--minutes", type=float, default=15, help="wall-clock cap on training")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--cls-weight", type=float, default=0.1, help="weight of the token loss (EAGLE: 0.1)")
     ap.add_argument("--noise", type=float, default=0.0, help="uniform noise on the input features (EAGLE: 0.1)")
     ap.add_argument("--heldout", type=int, default=16, help="sequences held out for evaluation")
     ap.add_argument("--seed", type=int, default=0)
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     while step < total and time.perf_counter() - t0 < args.minutes * 60:
         for rows in torch.randperm(tokens.shape[0], generator=g).split(args.batch_size):
             loss, reg, cls, correct, count = eagle_loss(head, embed, lm_rows, vocab_map, tokens[rows], hidden[rows],
-                                                        target_next[rows], noise=args.noise)
+                                                        target_next[rows], args.cls_weight, noise=args.noise)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
           f"(draft vocabulary covers {in_vocab:.1%} of the target's tokens)")
     meta = {"base_model": args.model, "draft_vocab_size": int(draft_vocab.numel()), "parameters": n_params,
             "train": {"steps": step, "seconds": round(train_seconds, 1), "batch_size": args.batch_size,
-                      "lr": args.lr, "noise": args.noise, "seed": args.seed, "epochs_planned": args.epochs,
+                      "lr": args.lr, "noise": args.noise, "cls_weight": args.cls_weight, "seed": args.seed, "epochs_planned": args.epochs,
                       "first": curve[0], "last": curve[-1], "curve": curve[:: max(1, len(curve) // 50)]},
             "heldout": {"sequences": args.heldout, "reg": round(reg, 4), "cls": round(cls, 4),
                         "top1": round(correct / count, 4), "draft_vocab_coverage": round(in_vocab, 4)},

@@ -1,0 +1,60 @@
+"""The shipped Medusa and EAGLE heads on the real target: exact greedy output, and real acceleration.
+
+fp32 target, so that token-for-token equality with plain greedy decoding is a fair demand (in
+bf16 a 33-token tree forward and a 1-token forward can round a near-tie differently).
+"""
+import gc
+
+import pytest
+import torch
+
+from labkit import autoregressive_generate, load_model
+from labkit.cli import encode_prompt
+from labkit.heads.checkpoint import REPO_HEADS, load_medusa
+from labkit.heads.eagle import EagleDrafter, load_eagle
+from labkit.heads.medusa import MedusaDrafter
+from labkit.hub import DEFAULT_TARGET
+from labkit.sampling import SamplingConfig
+from labkit.tree_decoding import tree_generate
+
+pytestmark = pytest.mark.integration
+PROMPT = "Write a Python function that merges two sorted lists into one sorted list."
+N = 32
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.set_num_threads(2)
+    target = load_model(DEFAULT_TARGET, "fp32", progress=False)
+    ids = encode_prompt(target.tokenizer, PROMPT, chat_template=True)
+    plain = autoregressive_generate(target.model, ids, N, eos_token_ids=target.eos_token_ids)
+    yield target, ids, plain
+    del target
+    gc.collect()
+
+
+def drafters(model):
+    heads, cfg = load_medusa(REPO_HEADS / "medusa-qwen2.5-coder-1.5b", model)
+    eagle, vocab, _ = load_eagle(REPO_HEADS / "eagle-qwen2.5-coder-1.5b", model)
+    return {"medusa": (MedusaDrafter(heads, cfg["choices"]), 32),
+            "eagle-chain": (EagleDrafter(eagle, model, vocab, top_k=1, depth=6), 6),
+            "eagle-tree": (EagleDrafter(eagle, model, vocab, top_k=8, depth=6), 32)}
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle-chain", "eagle-tree"])
+def test_shipped_heads_are_exact_and_accelerate(setup, name):
+    target, ids, plain = setup
+    drafter, budget = drafters(target.model)[name]
+    out = tree_generate(target.model, drafter, ids, N, budget=budget, eos_token_ids=target.eos_token_ids)
+    assert out.tokens == plain.tokens
+    # trained heads accept real tokens: well above the 1 token a forward of plain decoding
+    assert out.trace.tokens_per_forward > 1.5, out.trace.summary()
+
+
+def test_sampling_over_an_eagle_tree_runs_on_the_real_target(setup):
+    target, ids, _ = setup
+    drafter, budget = drafters(target.model)["eagle-tree"]
+    out = tree_generate(target.model, drafter, ids, 16, budget=budget, sampling=SamplingConfig(temperature=0.7),
+                        seed=0, eos_token_ids=target.eos_token_ids)
+    assert out.trace.n_generated == 16 or out.tokens[-1] in target.eos_token_ids
+    assert out.trace.tokens_per_forward > 1.2
