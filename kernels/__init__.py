@@ -23,10 +23,12 @@ def use_triton(t: torch.Tensor) -> bool:
     return HAVE_TRITON and t.is_cuda
 
 
-def attend_tree(q, k, v, parents, prefix_len: int) -> torch.Tensor:
-    """q (B, H, N, hd) over k, v (B, Hkv, S, hd): prefix [0, P) plus each node's ancestors -> (B, H, N, hd)."""
+def attend_tree(q, k, v, parents, prefix_len: int, mask=None) -> torch.Tensor:
+    """q (B, H, N, hd) over k, v (B, Hkv, S, hd): prefix [0, P) plus each node's ancestors -> (B, H, N, hd).
+
+    mask: ancestor_mask(parents), built once per tree for all layers (built per call when None)."""
     fn = _tree.tree_attention if use_triton(q) else _tree.tree_attention_ref
-    return fn(q, k, v, parents, prefix_len)
+    return fn(q, k, v, parents, prefix_len, mask=mask)
 
 
 def greedy_accept(draft_tokens, target_logits) -> GreedyAcceptance:

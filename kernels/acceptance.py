@@ -1,4 +1,4 @@
-"""Fused acceptance for a batch: B rows of K draft tokens each, one program per row.
+"""Fused acceptance for a batch: B rows of K draft tokens each, on the GPU end to end.
 
 The same two rules as labkit/acceptance.py, for B sequences at once and without a host sync
 per position: greedy acceptance (longest prefix equal to the target's argmax, then the
@@ -7,7 +7,9 @@ target's token) and the rejection sampling of Leviathan et al. 2023 / Chen et al
 comes from norm(max(0, p_target - q_draft)); after K acceptances from p_target[K]).
 Given the same uniforms u, the result equals labkit.acceptance.speculative_accept row by row:
 the kernel returns the distribution the next token is drawn from (`next_probs`), and
-`sample_next` draws it with torch.multinomial exactly as labkit does.
+`sample_next` draws it with torch.multinomial exactly as labkit does. Greedy runs the argmax of
+all B x (K+1) positions in parallel, then one tiny program a row finds the first mismatch;
+sampled runs one program a row.
 
 Triton tutorial order: kernels, wrappers, torch references, check, benchmark.
 
@@ -39,33 +41,36 @@ class SampledAcceptance(NamedTuple):
 if triton is not None:
 
     @triton.jit
-    def _greedy_accept_kernel(Draft, Logits, NAccepted, NextToken, K, V,
-                              stride_db, stride_lb, stride_lk,
-                              BLOCK_V: tl.constexpr):  # vocabulary entries per step of the argmax
-        b = tl.program_id(0)
+    def _argmax_kernel(Logits, Argmax, V, stride_lb, stride_lk,
+                       BLOCK_V: tl.constexpr):     # vocabulary entries per step
+        """Argmax over V of logits[b, i], one program per (row b, position i): all positions at once."""
+        b, i = tl.program_id(0), tl.program_id(1)
         offs = tl.arange(0, BLOCK_V)
-        n = 0
-        alive = 1
-        next_token = 0
-        for i in range(K + 1):                       # position i predicts the token after draft i-1
-            best = -float("inf")
-            best_idx = 0
-            for start in range(0, V, BLOCK_V):       # argmax over V, first index on ties (as torch)
-                cols = start + offs
-                x = tl.load(Logits + b * stride_lb + i * stride_lk + cols, mask=cols < V,
-                            other=-float("inf")).to(tl.float32)
-                blk_max = tl.max(x, 0)
-                blk_idx = tl.argmax(x, 0) + start
-                take = blk_max > best
-                best_idx = tl.where(take, blk_idx, best_idx)
-                best = tl.where(take, blk_max, best)
-            draft = tl.load(Draft + b * stride_db + i, mask=i < K, other=-1)  # -1 at i = K: never a match
-            match = (best_idx == draft).to(tl.int32)
-            next_token = tl.where((alive == 1) & (match == 0), best_idx, next_token)
-            n += alive * match
-            alive = alive * match
-        tl.store(NAccepted + b, n)
-        tl.store(NextToken + b, next_token)
+        best = -float("inf")
+        best_idx = 0
+        for start in range(0, V, BLOCK_V):           # first index on ties, as torch.argmax
+            cols = start + offs
+            x = tl.load(Logits + b * stride_lb + i * stride_lk + cols, mask=cols < V,
+                        other=-float("inf")).to(tl.float32)
+            blk_max = tl.max(x, 0)
+            blk_idx = tl.argmax(x, 0) + start
+            take = blk_max > best
+            best_idx = tl.where(take, blk_idx, best_idx)
+            best = tl.where(take, blk_max, best)
+        tl.store(Argmax + b * tl.num_programs(1) + i, best_idx)
+
+    @triton.jit
+    def _greedy_accept_kernel(Draft, Argmax, NAccepted, NextToken, K, stride_db,
+                              BLOCK_K: tl.constexpr):  # K+1 rounded up to a power of two
+        """Per row: n = the first position where the draft differs from the target's argmax; next = that argmax."""
+        b = tl.program_id(0)
+        offs = tl.arange(0, BLOCK_K)
+        target = tl.load(Argmax + b * (K + 1) + offs, mask=offs <= K, other=-1)        # (BLOCK_K,)
+        draft = tl.load(Draft + b * stride_db + offs, mask=offs < K, other=-2)         # -2 at i >= K: no match
+        mismatch = (target != draft) & (offs <= K)                                     # position K always
+        n = tl.min(tl.where(mismatch, offs, BLOCK_K), 0)
+        tl.store(NAccepted + b, n.to(tl.int64))
+        tl.store(NextToken + b, tl.sum(tl.where(offs == n, target, 0), 0))
 
     @triton.jit
     def _sampled_accept_kernel(Draft, Q, P, U, NAccepted, NextProbs, K, V,
@@ -125,11 +130,13 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor, block
     check_batch(draft_tokens, target_logits)
     B, K1, V = target_logits.shape
     draft_tokens, target_logits = draft_tokens.long().contiguous(), target_logits.contiguous()
+    argmax = torch.empty(B, K1, dtype=torch.int64, device=draft_tokens.device)         # (B, K+1)
     n = torch.empty(B, dtype=torch.int64, device=draft_tokens.device)
     nxt = torch.empty(B, dtype=torch.int64, device=draft_tokens.device)
-    _greedy_accept_kernel[(B,)](draft_tokens, target_logits, n, nxt, K1 - 1, V,
-                                draft_tokens.stride(0), target_logits.stride(0), target_logits.stride(1),
-                                BLOCK_V=min(block_v, triton.next_power_of_2(V)))
+    _argmax_kernel[(B, K1)](target_logits, argmax, V, target_logits.stride(0), target_logits.stride(1),
+                            BLOCK_V=min(block_v, triton.next_power_of_2(V)))
+    _greedy_accept_kernel[(B,)](draft_tokens, argmax, n, nxt, K1 - 1, draft_tokens.stride(0),
+                                BLOCK_K=triton.next_power_of_2(K1))
     return GreedyAcceptance(n, nxt)
 
 

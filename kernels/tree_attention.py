@@ -29,16 +29,12 @@ except ImportError:  # labkit works without Triton: kernels/__init__.py dispatch
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """(N, N) bool: [i, j] is True when node j is node i or one of its ancestors.
 
-    EAGLE's construction: a node's row is its parent's row plus itself, built root to leaf
-    (parents[i] < i, so row parents[i] is final before row i is made).
+    labkit.tree.Tree's transitive closure (repeated squaring: log2 N tensor ops, no Python loop
+    over nodes). Build it once per tree: every layer's attention reuses it.
     """
+    from labkit.tree import Tree
     parents = check_parents(parents)
-    N = parents.numel()
-    mask = torch.eye(N, dtype=torch.bool, device=parents.device)                      # (N, N)
-    for i in range(N):
-        if parents[i] >= 0:
-            mask[i] |= mask[parents[i]]
-    return mask
+    return Tree(parents).mask.to(parents.device)
 
 
 def check_parents(parents: torch.Tensor) -> torch.Tensor:
@@ -71,6 +67,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr,   # tree-node queries per program (>= 16: tl.dot's minimum)
         BLOCK_N: tl.constexpr,   # keys per inner step
         BLOCK_D: tl.constexpr,   # head_dim rounded up to a power of two
+        DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (a GPU's tl.dot would use TF32), else "tf32"
     ):
         start_m = tl.program_id(0)
         bh = tl.program_id(1)
@@ -101,7 +98,7 @@ if triton is not None:
                 s_valid = slots < hi
                 kT = tl.load(k_base + slots[None, :] * stride_ks + offs_d[:, None],
                              mask=s_valid[None, :] & d_valid[:, None], other=0.0)       # (BLOCK_D, BLOCK_N)
-                qk = tl.dot(q, kT) * qk_scale                                          # (BLOCK_M, BLOCK_N)
+                qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale        # (BLOCK_M, BLOCK_N)
                 if phase == 0:
                     visible = m_valid[:, None] & s_valid[None, :]
                 else:
@@ -117,7 +114,7 @@ if triton is not None:
                 l_i = l_i * alpha + tl.sum(p, 1)
                 v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :],
                             mask=s_valid[:, None] & d_valid[None, :], other=0.0)       # (BLOCK_N, BLOCK_D)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
                 m_i = m_new
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]                            # padded rows: 0, not nan
         tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
@@ -125,13 +122,18 @@ if triton is not None:
 
 
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parents: torch.Tensor,
-                   prefix_len: int, block_m: int = 16, block_n: int = 64) -> torch.Tensor:
-    """Triton tree attention. q: (B, H, N, hd); k, v: (B, Hkv, S, hd) with S >= P+N -> (B, H, N, hd)."""
+                   prefix_len: int, block_m: int = 16, block_n: int = 64,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton tree attention. q: (B, H, N, hd); k, v: (B, Hkv, S, hd) with S >= P+N -> (B, H, N, hd).
+
+    mask: ancestor_mask(parents) (N, N), made once per tree and passed to every layer's call;
+    built here when None.
+    """
     if triton is None:
         raise RuntimeError("Triton is not installed: use tree_attention_ref (or kernels.attend_tree, which picks)")
     B, H, N, hd = q.shape
     Hkv = check_shapes(q, k, v, parents, prefix_len)
-    mask = ancestor_mask(parents.to(q.device)).to(torch.int8).contiguous()              # (N, N)
+    mask = (ancestor_mask(parents) if mask is None else mask).to(q.device, torch.int8).contiguous()  # (N, N)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out = torch.empty_like(q)                                                            # (B, H, N, hd)
     grid = (triton.cdiv(N, block_m), B * H)
@@ -141,6 +143,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parents: t
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         H, prefix_len, N, hd, 1.0 / math.sqrt(hd),
         GROUPS=H // Hkv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(hd)),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     return out
 
@@ -161,15 +164,17 @@ def check_shapes(q, k, v, parents, prefix_len: int) -> int:
 
 
 def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parents: torch.Tensor,
-                       prefix_len: int) -> torch.Tensor:
-    """The torch reference: explicit masked softmax in fp32. Same shapes as tree_attention."""
+                       prefix_len: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The torch reference: explicit masked softmax in fp32. Same arguments as tree_attention."""
     B, H, N, hd = q.shape
     groups = H // check_shapes(q, k, v, parents, prefix_len)
     S = prefix_len + N
     k_all = k[:, :, :S].repeat_interleave(groups, dim=1).float()                        # (B, H, S, hd)
     v_all = v[:, :, :S].repeat_interleave(groups, dim=1).float()                        # (B, H, S, hd)
     scores = q.float() @ k_all.transpose(-1, -2) / math.sqrt(hd)                         # (B, H, N, S)
-    scores = scores.masked_fill(~tree_mask(parents.to(q.device), prefix_len), float("-inf"))
+    anc = (ancestor_mask(parents) if mask is None else mask).to(q.device, torch.bool)   # (N, N)
+    visible = torch.cat([anc.new_ones(N, prefix_len), anc], dim=1)                      # (N, S)
+    scores = scores.masked_fill(~visible, float("-inf"))
     return (scores.softmax(-1) @ v_all).to(q.dtype)                                      # (B, H, N, hd)
 
 
@@ -204,17 +209,18 @@ def benchmark(n_nodes=(16, 32, 64, 128, 256), prefixes=(512, 1024, 2048, 4096, 8
             k = torch.randn(B, Hkv, P + N, hd, device="cuda", dtype=dtype)
             v = torch.randn(B, Hkv, P + N, hd, device="cuda", dtype=dtype)
             parents = random_tree(N).cuda()
+            anc = ancestor_mask(parents)                   # once per tree, as a verify pass does for all layers
             mask = tree_mask(parents, P)                                                 # (N, P+N)
-            ref = tree_attention_ref(q, k, v, parents, P)
-            out = tree_attention(q, k, v, parents, P)
+            ref = tree_attention_ref(q, k, v, parents, P, mask=anc)
+            out = tree_attention(q, k, v, parents, P, mask=anc)
             err = float((out.float() - ref.float()).abs().max())
 
             def sdpa():
                 kk, vv = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
                 return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
             ms = {name: triton.testing.do_bench(fn) for name, fn in
-                  [("triton", lambda: tree_attention(q, k, v, parents, P)),
-                   ("torch_ref", lambda: tree_attention_ref(q, k, v, parents, P)), ("sdpa_mask", sdpa)]}
+                  [("triton", lambda: tree_attention(q, k, v, parents, P, mask=anc)),
+                   ("torch_ref", lambda: tree_attention_ref(q, k, v, parents, P, mask=anc)), ("sdpa_mask", sdpa)]}
             kv_bytes = 2 * B * Hkv * (P + N) * hd * q.element_size()
             rows.append({"prefix": P, "nodes": N, "max_abs_err": err, **{f"{n}_ms": t for n, t in ms.items()},
                          "triton_kv_GBps": kv_bytes / ms["triton"] / 1e6})

@@ -205,11 +205,21 @@ class Transformer(nn.Module):
             positions = (cache.length + torch.arange(T, device=tokens.device)).expand(B, T)
         if mask is None and T > 1:
             mask = chain_mask(cache.length, T, tokens.device)
+        h = self.blocks(tokens, cache, positions, mask)                                 # (B, T, D)
+        cache.advance(T)
+        return h
+
+    def blocks(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        """The layers alone: embed, every block (each writes its keys/values to `cache`), final norm.
+
+        No defaults and no bookkeeping: `hidden` adds those; the static, compiled decode path
+        (static_decode.py) calls this with position and mask tensors of fixed shape.
+        """
         cos, sin = rope_cos_sin(positions, self.args.head_dim, self.args.rope_theta, self.embed_tokens.weight.dtype)
         x = self.embed_tokens(tokens)                                                   # (B, T, D)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, mask)
-        cache.advance(T)
         return self.norm(x)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None,

@@ -28,19 +28,11 @@ from tqdm import tqdm
 
 from labkit.batched import batched_autoregressive_generate, batched_speculative_generate
 from labkit.hub import DEFAULT_DRAFT, DEFAULT_TARGET
-from labkit.hw import Roofline, describe, predicted_speedup
+from labkit.hw import SHAPES, Roofline, describe, predicted_speedup
 from labkit.hw.device import add_timing_args, timing_clock
 from labkit.model import ModelArgs, Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def qwen_args(size: str) -> ModelArgs:
-    """Qwen2.5(-Coder) 1.5B / 0.5B shapes, from their config.json files (for --random-init)."""
-    shapes = {"1.5b": dict(dim=1536, n_layers=28, n_heads=12, hidden_dim=8960),
-              "0.5b": dict(dim=896, n_layers=24, n_heads=14, hidden_dim=4864)}[size]
-    return ModelArgs(vocab_size=151936, n_kv_heads=2, rope_theta=1_000_000.0, qkv_bias=True, tie_embeddings=True,
-                     max_seq_len=32768, **shapes)
 
 
 def load_pair(args):
@@ -48,8 +40,8 @@ def load_pair(args):
     rows = [json.loads(ln) for ln in (ROOT / "data" / "prompts" / "core_bench.jsonl").read_text().splitlines()]
     if args.random_init:
         g = torch.Generator().manual_seed(0)
-        target, draft = (Transformer(qwen_args(s)).to(torch.bfloat16).init_random(seed=i).to(args.device).eval()
-                         for i, s in enumerate(("1.5b", "0.5b")))
+        target, draft = (Transformer(SHAPES[s]).to(torch.bfloat16).init_random(seed=i).to(args.device).eval()
+                         for i, s in enumerate(("qwen2.5-1.5b", "qwen2.5-0.5b")))
         prompts = [torch.randint(0, 151936, (40 + 10 * i,), generator=g) for i in range(len(rows))]
         return target, draft, prompts, ()
     from labkit.cli import encode_prompt

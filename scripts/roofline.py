@@ -8,6 +8,10 @@ the curve bends up (the roofline's ridge) bounds the useful γ, and the batch si
     nice -n 10 python scripts/roofline.py --threads 1 --cpu-time  # one core, CPU time: a shared machine
     python scripts/roofline.py --device cuda --random-init        # the same ModelArgs, random weights
 
+On CUDA each forward is also captured as a CUDA graph and replayed, plain (`graph_s`) and
+compiled by torch.compile (`measured_s`): the curve then shows the device, not the Python and
+kernel-launch overhead of an eager forward (kept as `eager_s`).
+
 --random-init builds the target's architecture with random weights (a GPU box that cannot
 download the checkpoint): a forward's time does not depend on the weights' values.
 Writes data/bench/roofline_<device>.{json,png}.
@@ -27,9 +31,10 @@ import torch
 from tqdm import tqdm
 
 from labkit.hub import DEFAULT_TARGET
-from labkit.hw import Roofline, describe, forward_cost
+from labkit.hw import SHAPES, Roofline, describe, forward_cost
 from labkit.hw.device import add_timing_args, timing_clock
 from labkit.model import ModelArgs, Transformer
+from labkit.static_decode import time_forward
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -40,15 +45,9 @@ def load_target(args) -> Transformer:
         from labkit.loading import load_model
         return load_model(args.model, dtype="bf16", device=args.device, progress=False).model
     config = json.loads((Path(args.config)).read_text()) if args.config else None
-    model_args = ModelArgs.from_hf_config(config) if config else qwen15b_args()
+    model_args = ModelArgs.from_hf_config(config) if config else SHAPES["qwen2.5-1.5b"]
     model = Transformer(model_args).to(torch.bfloat16)
     return model.init_random().to(args.device).eval().requires_grad_(False)
-
-
-def qwen15b_args() -> ModelArgs:
-    """Qwen2.5(-Coder)-1.5B's shape (its config.json), for --random-init without the checkpoint."""
-    return ModelArgs(vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, hidden_dim=8960,
-                     norm_eps=1e-6, rope_theta=1_000_000.0, qkv_bias=True, tie_embeddings=True, max_seq_len=32768)
 
 
 def sync(device):
@@ -90,7 +89,11 @@ def plot(result: dict, path: Path) -> None:
     rows, roof = result["rows"], result["roofline"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     T = [r["tokens"] for r in rows]
-    ax1.plot(T, [r["measured_s"] * 1e3 for r in rows], "o-", label="measured")
+    ax1.plot(T, [r["measured_s"] * 1e3 for r in rows], "o-",
+             label="measured (compiled, CUDA graph)" if rows[0].get("eager_s") else "measured")
+    if rows[0].get("eager_s"):
+        ax1.plot(T, [r["graph_s"] * 1e3 for r in rows], "o-", color="C1", alpha=0.6, label="measured, CUDA graph")
+        ax1.plot(T, [r["eager_s"] * 1e3 for r in rows], "o-", color="C7", alpha=0.6, label="measured, eager")
     ax1.plot(T, [r["predicted_s"] * 1e3 for r in rows], "--", label="roofline prediction")
     ax1.plot(T, [r["memory_s"] * 1e3 for r in rows], ":", color="gray",
              label="bytes / bandwidth")
@@ -133,10 +136,17 @@ def main(argv=None) -> dict:
     model = load_target(args)
     tokens = tuple(t for t in TOKENS if t <= args.max_tokens)
     times = time_forwards(model, args.context, tokens, args.repeats, args.device, clock)
+    eager = graphed = None
+    if torch.device(args.device).type == "cuda":      # the device's time, not the kernel launches'
+        eager = times
+        graphed = {T: time_forward(model, 1, T, args.context) for T in tqdm(tokens, desc="CUDA graphs")}
+        times = {T: time_forward(model, 1, T, args.context, compile=True) for T in tqdm(tokens, desc="compiled")}
     rows = []
     for T, t in times.items():
         cost = forward_cost(model.args, T, args.context)
-        rows.append({"tokens": T, "measured_s": t, "predicted_s": roof.time(cost),
+        rows.append({"tokens": T, "measured_s": t, "eager_s": eager[T] if eager else None,
+                     "graph_s": graphed[T] if graphed else None,
+                     "predicted_s": roof.time(cost),
                      "memory_s": cost.bytes / roof.bandwidth, "compute_s": cost.flops / roof.peak_flops,
                      "flops": cost.flops, "bytes": cost.bytes, "intensity": cost.intensity,
                      "achieved_bandwidth": cost.bytes / t})

@@ -13,7 +13,7 @@ from labkit.hw import (Roofline, Sampler, decode_cost, describe, forward_cost, l
 from labkit.hw import device as device_mod
 from labkit.model import ModelArgs, count_params
 
-from kernels.tree_attention import tree_attention_ref
+from kernels.tree_attention import ancestor_mask, tree_attention_ref
 
 QWEN_15B = ModelArgs(vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, hidden_dim=8960,
                      qkv_bias=True, tie_embeddings=True)
@@ -36,8 +36,10 @@ def test_forward_flops_equal_torch_flop_counter(tiny_target, tokens, context):
         tiny_target(torch.arange(tokens)[None] + 3, cache)
     q = torch.zeros(1, args.n_heads, tokens, args.head_dim)
     kv = torch.zeros(1, args.n_kv_heads, context + tokens, args.head_dim)
+    chain = torch.arange(tokens) - 1
+    mask = ancestor_mask(chain)                          # built once per tree, outside the layers' count
     with FlopCounterMode(display=False) as attention:
-        tree_attention_ref(q, kv, kv, torch.arange(tokens) - 1, context)
+        tree_attention_ref(q, kv, kv, chain, context, mask=mask)
     counted = linears.get_total_flops() + args.n_layers * attention.get_total_flops()
     assert forward_cost(args, tokens, context).flops == counted
 

@@ -176,6 +176,8 @@ def describe(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bflo
     """
     device = torch.device(device)
     size, n = (64, 1024) if quick else (256, 2048)
+    if device.type == "cuda" and not quick:
+        size, n = 2048, 8192                    # a GPU's L2 holds 50+ MB and needs large matmuls to fill
     bandwidth = measure_copy_bandwidth(device, size_mib=size, clock=clock)
     flops = measure_matmul_flops(device, dtype, n=n, clock=clock)
     if device.type == "cuda":

@@ -122,3 +122,15 @@ def predicted_speedup(roof: Roofline, target: ModelArgs, draft: ModelArgs, batch
     t_draft = roof.time(decode_cost(draft, context, batch, dtype_bytes))
     t_verify = roof.time(verify_cost(target, gamma, context, batch, dtype_bytes))
     return expected_tokens(alpha, gamma) * t_decode / (gamma * t_draft + t_verify)
+
+
+# Shapes from the checkpoints' config.json files, for measurements with random weights where the
+# weights cannot be downloaded (a forward's time does not depend on their values).
+SHAPES = {
+    "qwen2.5-1.5b": ModelArgs(vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, hidden_dim=8960,
+                              rope_theta=1_000_000.0, qkv_bias=True, tie_embeddings=True, max_seq_len=32768),
+    "qwen2.5-0.5b": ModelArgs(vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, hidden_dim=4864,
+                              rope_theta=1_000_000.0, qkv_bias=True, tie_embeddings=True, max_seq_len=32768),
+    "llama-2-7b": ModelArgs(vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, hidden_dim=11008,
+                            norm_eps=1e-5, max_seq_len=4096),
+}

@@ -9,6 +9,7 @@ decoder's trace uses, so `per_step` can average them over each step's window.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -35,6 +36,8 @@ class Sampler:
         self.interval, self.samples = interval, []
         self.handle = nvml_handle(device_index)
         self.source = "NVML" if self.handle is not None else "host (/proc/meminfo, no NVML)"
+        self.gpm_error: str | None = None
+        self._gpm_lock = threading.Lock()
         self._gpm_prev = self._gpm_sample() if self.handle is not None else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -70,25 +73,40 @@ class Sampler:
         import pynvml
         try:
             if not pynvml.nvmlGpmQueryDeviceSupport(self.handle).isSupportedDevice:
+                self.gpm_error = "no GPM on this GPU (needs Hopper or newer)"
                 return None
             return pynvml.nvmlGpmSampleGet(self.handle, pynvml.nvmlGpmSampleAlloc())
-        except pynvml.NVMLError:
+        except pynvml.NVMLError as e:
+            self.gpm_error = f"NVML GPM unavailable: {e}"
             return None
 
     def _dram_bw_util(self) -> float | None:
-        """DRAM bandwidth utilisation (%) since the previous GPM sample; None without GPM."""
-        if self._gpm_prev is None:
-            return None
-        import pynvml
-        now = pynvml.nvmlGpmSampleGet(self.handle, pynvml.nvmlGpmSampleAlloc())
-        query = pynvml.c_nvmlGpmMetricsGet_t()
-        query.version, query.numMetrics = pynvml.NVML_GPM_METRICS_GET_VERSION, 1
-        query.sample1, query.sample2 = self._gpm_prev, now
-        query.metrics[0].metricId = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
-        pynvml.nvmlGpmMetricsGet(query)
-        pynvml.nvmlGpmSampleFree(self._gpm_prev)
-        self._gpm_prev = now
-        return float(query.metrics[0].value)
+        """DRAM bandwidth utilisation (%) since the previous GPM sample; None without GPM.
+
+        If NVML refuses a GPM sample midway (e.g. "In use by another client": a monitoring agent
+        holds the GPM counters), the sampler says why in `gpm_error`, stops asking, and goes on
+        with the other fields: a telemetry gap, never a crash.
+        """
+        with self._gpm_lock:               # the sampler thread and a caller's read() may both ask
+            if self._gpm_prev is None:
+                return None
+            import pynvml
+            try:
+                now = pynvml.nvmlGpmSampleGet(self.handle, pynvml.nvmlGpmSampleAlloc())
+                query = pynvml.c_nvmlGpmMetricsGet_t()
+                query.version, query.numMetrics = pynvml.NVML_GPM_METRICS_GET_VERSION, 1
+                query.sample1, query.sample2 = self._gpm_prev, now
+                query.metrics[0].metricId = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+                pynvml.nvmlGpmMetricsGet(query)
+            except pynvml.NVMLError as e:
+                self.gpm_error = f"NVML GPM stopped: {e}"
+                pynvml.nvmlGpmSampleFree(self._gpm_prev)
+                self._gpm_prev = None
+                return None
+            pynvml.nvmlGpmSampleFree(self._gpm_prev)
+            self._gpm_prev = now
+            value = float(query.metrics[0].value)
+            return None if math.isnan(value) else value       # NaN: too short an interval to say
 
 
 def host_memory_used() -> float:

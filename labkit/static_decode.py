@@ -1,0 +1,204 @@
+"""Decode at the speed of memory: a static KV cache, torch.compile, and one CUDA graph a step.
+
+gpt-fast's recipe, on labkit's model. Eager decoding of a 1.5B model on a GPU is bound by
+launching a few hundred small kernels per token, not by HBM. Three things remove that:
+
+1. `StaticKVCache`: each step writes its slot with `index_copy_` at a position *tensor* and
+   attends over the whole buffer under a mask, so every decode step has the same shapes and
+   no Python number that changes (nothing for torch.compile to specialise on).
+2. `torch.compile` fuses norms, RoPE, SiLU and casts into few kernels (fewer HBM round trips).
+3. A CUDA graph captures the compiled step once and replays it as a single launch.
+
+Then a step reads every weight once, and `achieved bandwidth = bytes read per step x steps/s`
+can be set against the device's peak (scripts/bench_decode.py). Greedy only: this path is
+the baseline being measured, not a sampler. Tests tie it to `Transformer.forward` on CPU.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .kv_cache import KVCache
+from .model import Transformer
+
+
+class StaticKVCache(KVCache):
+    """A KVCache whose writes go to the slots in the tensor `slots` and whose reads return all slots.
+
+    `slots` (T,) holds the slot (= position) of each token of the next forward. The attention
+    sees every one of the `max_len` slots; the mask (slot <= position) hides the stale ones.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slots = torch.zeros(1, dtype=torch.long, device=self.k.device)    # (T,)
+
+    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Store (B, Hkv, T, hd) at `slots`; return the whole buffers (B, Hkv, max_len, hd)."""
+        self.k[layer].index_copy_(2, self.slots, k_new)
+        self.v[layer].index_copy_(2, self.slots, v_new)
+        return self.k[layer], self.v[layer]
+
+
+def static_forward(model: Transformer, cache: StaticKVCache, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) of `tokens` (B, T) at positions `cache.slots`; fixed shapes, no Python state."""
+    B, T = tokens.shape
+    positions = cache.slots.expand(B, T)                                             # (B, T)
+    mask = torch.arange(cache.max_len, device=tokens.device) <= cache.slots[:, None]  # (T, max_len)
+    return model.lm_head(model.blocks(tokens, cache, positions, mask)).float()       # (B, T, V)
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    tokens: list[int]            # the generated tokens (greedy), prompt excluded
+    prefill_s: float             # the prompt's forward, which also gives tokens[0]
+    decode_s: float              # wall time of the decode steps (tokens[1:]), synchronised
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode steps per second (the prefill's token not counted)."""
+        return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else float("nan")
+
+
+class StaticDecoder:
+    """Greedy decoding through `static_forward`: eager, compiled, and/or replayed as a CUDA graph.
+
+        dec = StaticDecoder(model, max_len=1024, compile=True, cuda_graph=True)
+        run = dec.generate(prompt_ids, max_new_tokens=256)     # run.tokens, run.tokens_per_s
+
+    compile: torch.compile the one-token step (`compile_backend`, default inductor; "eager" only
+    traces it, which is what the CPU tests check). cuda_graph: capture the step once (CUDA only).
+    """
+
+    def __init__(self, model: Transformer, max_len: int, compile: bool = False, cuda_graph: bool = False,
+                 compile_backend: str = "inductor"):
+        if cuda_graph and model.device.type != "cuda":
+            raise ValueError("cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on "
+                             f"{model.device.type}")
+        if max_len > model.max_seq_len:
+            raise ValueError(f"max_len={max_len} exceeds the model's context of {model.max_seq_len}")
+        self.model, self.max_len, self.cuda_graph = model, max_len, cuda_graph
+        p = model.embed_tokens.weight
+        a = model.args
+        self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
+        self.step_slot = torch.zeros(1, dtype=torch.long, device=p.device)   # (1,) the decode step's slot
+        self.step_token = torch.zeros(1, 1, dtype=torch.long, device=p.device)  # (1, 1) its input token
+        self.cache.slots = self.step_slot   # the one tensor a captured graph reads (prefill swaps it briefly)
+        step = lambda: static_forward(self.model, self.cache, self.step_token)  # noqa: E731
+        self._step = torch.compile(step, backend=compile_backend, fullgraph=True) if compile else step
+        self._graph, self._graph_logits, self._warm = None, None, False
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """Run the prompt (T,) through the model (eagerly: one shape per prompt); logits (V,) of its last token."""
+        T = prompt_ids.numel()
+        self.cache.slots = torch.arange(T, device=self.model.device)
+        logits = static_forward(self.model, self.cache, prompt_ids[None].to(self.model.device))  # (1, T, V)
+        self.cache.slots = self.step_slot
+        self.cache.length = T
+        return logits[0, -1]
+
+    @torch.no_grad()
+    def decode_one(self, token: int) -> torch.Tensor:
+        """Feed one token at the next slot; logits (V,)."""
+        if self.cache.length >= self.max_len:
+            raise ValueError(f"the static cache is full ({self.max_len} slots); build it with a larger max_len")
+        self.step_slot.fill_(self.cache.length)
+        self.step_token.fill_(token)
+        if self.cuda_graph:
+            if self._graph is None:
+                self.warmup()
+            self._graph.replay()
+            logits = self._graph_logits
+        else:
+            logits = self._step()
+        self.cache.length += 1
+        return logits[0, -1]
+
+    @torch.no_grad()
+    def warmup(self) -> None:
+        """Compile the step and capture its graph now, not inside a timed run (writes slot 0: harmless
+        before a prefill, which overwrites it)."""
+        self._warm = True
+        if not self.cuda_graph:
+            self._step()
+            return
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):                  # writes the current slot with the current token: harmless
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            self._graph_logits = self._step()   # (1, 1, V), refilled by every replay
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> DecodeRun:
+        """Greedy: the prompt (T,), then `max_new_tokens` tokens, one decode step each."""
+        if prompt_ids.numel() + max_new_tokens > self.max_len:
+            raise ValueError(f"{prompt_ids.numel()} prompt + {max_new_tokens} new tokens exceed max_len={self.max_len}")
+        sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
+        if not self._warm:
+            self.warmup()
+        sync()
+        t0 = time.perf_counter()
+        token = int(self.prefill(prompt_ids).argmax())
+        sync()
+        t1 = time.perf_counter()
+        tokens = [token]
+        for _ in range(max_new_tokens - 1):
+            token = int(self.decode_one(token).argmax())   # .item(): one host sync a token, as any decoder has
+            tokens.append(token)
+        sync()
+        return DecodeRun(tokens, t1 - t0, time.perf_counter() - t1)
+
+
+_compiled: dict[str, object] = {}
+
+
+def compiled_static_forward():
+    """`static_forward` compiled once with dynamic shapes: one graph for every batch, token count and cache size."""
+    if "fn" not in _compiled:
+        # one graph per model and per size class (dynamo specialises sizes 1 and >1): allow a few models' worth
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 32)
+        _compiled["fn"] = torch.compile(static_forward, dynamic=True, fullgraph=True)
+    return _compiled["fn"]
+
+
+@torch.no_grad()
+def time_forward(model: Transformer, batch: int, tokens: int, context: int, compile: bool = False,
+                 repeats: int = 20) -> float:
+    """CUDA: median seconds of one forward of (batch, tokens) after `context` cached slots, replayed as a CUDA graph.
+
+    What the device takes for the forward, without Python or per-kernel launch costs (compile=True
+    also fuses the small ops, as a tuned server does). The cache's content does not change the
+    cost, so it is left as zeros; each replay rewrites the same slots.
+    """
+    if model.device.type != "cuda":
+        raise ValueError("time_forward replays CUDA graphs: put the model on a CUDA device")
+    a, p = model.args, model.embed_tokens.weight
+    cache = StaticKVCache(a.n_layers, batch, a.n_kv_heads, context + tokens, a.head_dim, p.dtype, p.device)
+    cache.slots = torch.arange(context, context + tokens, device=p.device)           # (T,)
+    feed = torch.randint(0, model.vocab_size, (batch, tokens), device=p.device)      # (B, T)
+    forward = compiled_static_forward() if compile else static_forward
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            forward(model, cache, feed)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(model, cache, feed)
+    runs = []
+    for _ in range(repeats + 1):                                                     # the first replay warms up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / 1e3)
+    return sorted(runs[1:])[len(runs[1:]) // 2]

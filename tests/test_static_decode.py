@@ -1,0 +1,65 @@
+"""The static, compilable decode path (labkit/static_decode.py) against the model's own forward.
+
+On CPU: the static cache's writes and whole-buffer reads under a mask give the logits of
+Transformer.forward; greedy tokens equal the autoregressive baseline's, token for token, eagerly
+and when torch.compile traces the step in one graph (backend "eager": dynamo's trace, without
+inductor's code generation, which the GPU benchmark scripts/bench_decode.py exercises).
+"""
+import pytest
+import torch
+
+from conftest import tiny_model
+from labkit import autoregressive_generate
+from labkit.static_decode import StaticDecoder, StaticKVCache, static_forward
+
+
+def test_static_forward_equals_forward_for_prefill_and_steps(tiny_target):
+    prompt = torch.tensor([[5, 17, 3, 29, 42, 7]])                           # (1, 6)
+    cache = tiny_target.new_cache(max_len=32)
+    a = tiny_target.args
+    static = StaticKVCache(a.n_layers, 1, a.n_kv_heads, 32, a.head_dim, torch.float32)
+    static.slots = torch.arange(6)
+    ref, got = tiny_target(prompt, cache), static_forward(tiny_target, static, prompt)  # (1, 6, V)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    for pos, token in enumerate([11, 12, 13], start=6):
+        static.slots = torch.tensor([pos])
+        ref = tiny_target(torch.tensor([[token]]), cache)                    # (1, 1, V)
+        got = static_forward(tiny_target, static, torch.tensor([[token]]))
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    # the static cache holds the same keys in the written slots, zeros after them
+    torch.testing.assert_close(static.k[:, :, :, :9], cache.k[:, :, :, :9])
+    assert static.k[:, :, :, 9:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_static_greedy_equals_autoregressive(compile):
+    model = tiny_model(seed=3)
+    prompt = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+    ref = autoregressive_generate(model, prompt, max_new_tokens=24).tokens
+    dec = StaticDecoder(model, max_len=40, compile=compile, compile_backend="eager")
+    run = dec.generate(prompt, max_new_tokens=24)
+    assert run.tokens == ref
+    assert run.tokens_per_s > 0
+    again = dec.generate(prompt[:5], max_new_tokens=10)                      # a second prompt reuses the cache
+    assert again.tokens == autoregressive_generate(model, prompt[:5], max_new_tokens=10).tokens
+
+
+def test_static_decoder_refuses_what_it_cannot_do(tiny_target):
+    with pytest.raises(ValueError, match="cuda_graph=True needs the model on a CUDA device"):
+        StaticDecoder(tiny_target, max_len=16, cuda_graph=True)
+    dec = StaticDecoder(tiny_target, max_len=16)
+    with pytest.raises(ValueError, match="exceed max_len=16"):
+        dec.generate(torch.arange(10), max_new_tokens=7)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        StaticDecoder(tiny_target, max_len=tiny_target.max_seq_len + 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and inductor's GPU code need a CUDA device")
+@pytest.mark.parametrize("compile", [False, True])
+def test_cuda_graph_greedy_equals_autoregressive_on_gpu(compile):
+    model = tiny_model(seed=3).cuda()                                        # fp32: no bf16 rounding ties
+    prompt = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+    ref = autoregressive_generate(model, prompt, max_new_tokens=24).tokens
+    dec = StaticDecoder(model, max_len=40, compile=compile, cuda_graph=True)
+    assert dec.generate(prompt, max_new_tokens=24).tokens == ref
+    assert dec.generate(prompt[:5], max_new_tokens=10).tokens == autoregressive_generate(model, prompt[:5], 10).tokens
