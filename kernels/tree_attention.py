@@ -38,18 +38,18 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
 
 
 def check_parents(parents: torch.Tensor) -> torch.Tensor:
+    """A non-empty 1-D long vector; labkit.tree.Tree checks the order (each parent -1 or an earlier node)."""
     parents = torch.as_tensor(parents).long()
     if parents.dim() != 1 or parents.numel() == 0:
         raise ValueError(f"parents must be a non-empty 1-D vector of parent indices, got shape {tuple(parents.shape)}")
-    idx = torch.arange(parents.numel(), device=parents.device)
-    if bool(((parents >= idx) | (parents < -1)).any()):
-        raise ValueError("parents[i] must be -1 (a root) or an earlier node (< i): order the tree root first")
     return parents
 
 
-def tree_mask(parents: torch.Tensor, prefix_len: int) -> torch.Tensor:
-    """(N, P+N) bool over prefix + tree slots: every node sees the whole prefix and its ancestors."""
-    anc = ancestor_mask(parents)                                                       # (N, N)
+def tree_mask(parents: torch.Tensor, prefix_len: int, anc: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, P+N) bool over prefix + tree slots: every node sees the whole prefix and its ancestors.
+
+    anc: ancestor_mask(parents) when already built (once per tree), else built here."""
+    anc = (ancestor_mask(parents) if anc is None else anc).bool()                      # (N, N)
     return torch.cat([anc.new_ones(anc.shape[0], prefix_len), anc], dim=1)            # (N, P+N)
 
 
@@ -172,8 +172,7 @@ def tree_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parent
     k_all = k[:, :, :S].repeat_interleave(groups, dim=1).float()                        # (B, H, S, hd)
     v_all = v[:, :, :S].repeat_interleave(groups, dim=1).float()                        # (B, H, S, hd)
     scores = q.float() @ k_all.transpose(-1, -2) / math.sqrt(hd)                         # (B, H, N, S)
-    anc = (ancestor_mask(parents) if mask is None else mask).to(q.device, torch.bool)   # (N, N)
-    visible = torch.cat([anc.new_ones(N, prefix_len), anc], dim=1)                      # (N, S)
+    visible = tree_mask(parents, prefix_len, anc=mask).to(q.device)                     # (N, S)
     scores = scores.masked_fill(~visible, float("-inf"))
     return (scores.softmax(-1) @ v_all).to(q.dtype)                                      # (B, H, N, hd)
 
@@ -210,7 +209,7 @@ def benchmark(n_nodes=(16, 32, 64, 128, 256), prefixes=(512, 1024, 2048, 4096, 8
             v = torch.randn(B, Hkv, P + N, hd, device="cuda", dtype=dtype)
             parents = random_tree(N).cuda()
             anc = ancestor_mask(parents)                   # once per tree, as a verify pass does for all layers
-            mask = tree_mask(parents, P)                                                 # (N, P+N)
+            mask = tree_mask(parents, P, anc=anc)                                        # (N, P+N)
             ref = tree_attention_ref(q, k, v, parents, P, mask=anc)
             out = tree_attention(q, k, v, parents, P, mask=anc)
             err = float((out.float() - ref.float()).abs().max())

@@ -83,9 +83,8 @@ class StaticDecoder:
         p = model.embed_tokens.weight
         a = model.args
         self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
-        self.step_slot = torch.zeros(1, dtype=torch.long, device=p.device)   # (1,) the decode step's slot
+        self.step_slot = self.cache.slots   # (1,) the decode step's slot: the tensor a captured graph reads
         self.step_token = torch.zeros(1, 1, dtype=torch.long, device=p.device)  # (1, 1) its input token
-        self.cache.slots = self.step_slot   # the one tensor a captured graph reads (prefill swaps it briefly)
         step = lambda: static_forward(self.model, self.cache, self.step_token)  # noqa: E731
         self._step = torch.compile(step, backend=compile_backend, fullgraph=True) if compile else step
         self._graph, self._graph_logits, self._warm = None, None, False
@@ -125,15 +124,8 @@ class StaticDecoder:
         if not self.cuda_graph:
             self._step()
             return
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):                  # writes the current slot with the current token: harmless
-                self._step()
-        torch.cuda.current_stream().wait_stream(stream)
-        self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
-            self._graph_logits = self._step()   # (1, 1, V), refilled by every replay
+        # the warm-up runs write the current slot with the current token: harmless
+        self._graph, self._graph_logits = capture_graph(self._step, warmups=3)  # logits (1, 1, V), refilled by replays
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> DecodeRun:
@@ -154,6 +146,21 @@ class StaticDecoder:
             tokens.append(token)
         sync()
         return DecodeRun(tokens, t1 - t0, time.perf_counter() - t1)
+
+
+def capture_graph(fn, warmups: int = 2):
+    """Run `fn` `warmups` times on a side stream (compilation, autotuning, allocations), then record one
+    call as a CUDA graph; (graph, fn's output tensors, which every replay refills in place)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
 
 
 _compiled: dict[str, object] = {}
@@ -184,15 +191,7 @@ def time_forward(model: Transformer, batch: int, tokens: int, context: int, comp
     cache.slots = torch.arange(context, context + tokens, device=p.device)           # (T,)
     feed = torch.randint(0, model.vocab_size, (batch, tokens), device=p.device)      # (B, T)
     forward = compiled_static_forward() if compile else static_forward
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            forward(model, cache, feed)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        forward(model, cache, feed)
+    graph, _ = capture_graph(lambda: forward(model, cache, feed))
     runs = []
     for _ in range(repeats + 1):                                                     # the first replay warms up
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

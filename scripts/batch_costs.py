@@ -27,8 +27,7 @@ import torch
 from tqdm import tqdm
 
 from labkit.adaptive import expected_tokens
-from labkit.hw import SHAPES, Roofline, describe, predicted_speedup
-from labkit.model import Transformer
+from labkit.hw import Roofline, describe, predicted_speedup, random_model
 from labkit.static_decode import time_forward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,9 +103,7 @@ def main(argv=None) -> dict:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     profile = describe("cuda")
     roof = Roofline.of(profile)
-    with torch.device("cuda"):
-        target = Transformer(SHAPES["qwen2.5-1.5b"]).to(torch.bfloat16).eval().requires_grad_(False)
-        draft = Transformer(SHAPES["qwen2.5-0.5b"]).to(torch.bfloat16).eval().requires_grad_(False)
+    target, draft = random_model("qwen2.5-1.5b"), random_model("qwen2.5-0.5b")
     compile = not args.no_compile
     rows = []
     for B in tqdm(batch_sizes, desc="batch sizes"):

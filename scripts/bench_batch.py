@@ -30,7 +30,7 @@ from labkit.batched import batched_autoregressive_generate, batched_speculative_
 from labkit.hub import DEFAULT_DRAFT, DEFAULT_TARGET
 from labkit.hw import SHAPES, Roofline, describe, predicted_speedup
 from labkit.hw.device import add_timing_args, timing_clock
-from labkit.model import ModelArgs, Transformer
+from labkit.model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 

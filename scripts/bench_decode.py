@@ -3,8 +3,8 @@
 For each model shape, greedy decoding of `--new-tokens` tokens after a random prompt, three ways,
 one after the other in one process: labkit's eager loop (`autoregressive_generate`), the static
 cache replayed as a CUDA graph, and the static cache compiled by inductor and replayed as a CUDA
-graph (labkit/static_decode.py). Achieved bandwidth = bytes a step must read (every weight once,
-the embedding table only where tied to the LM head, plus the KV slots attended) x steps/s, as a
+graph (labkit/static_decode.py). Achieved bandwidth = bytes a step must move (`labkit.hw.decode_cost`: every
+linear weight once, one embedding row, the KV slots attended and written) x steps/s, as a
 fraction of the peak NVML reports (2 x max memory clock x bus width) and of a measured copy. An
 NVML sampler records the DRAM bandwidth utilisation (GPM, Hopper) during each run as a cross-check.
 
@@ -28,29 +28,12 @@ import torch
 from tqdm import tqdm
 
 from labkit import autoregressive_generate
-from labkit.hw import SHAPES, Sampler, describe
+from labkit.hw import SHAPES, Sampler, decode_cost, describe, random_model
 from labkit.hw.telemetry import per_step
-from labkit.model import ModelArgs, Transformer
 from labkit.static_decode import StaticDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-
-def step_bytes(model: Transformer, kv_slots: int) -> int:
-    """Bytes one decode step must read: every weight once (an untied embedding table: one row), the KV slots."""
-    a = model.args
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    if not a.tie_embeddings:
-        weights -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
-    kv = 2 * a.n_layers * a.n_kv_heads * kv_slots * a.head_dim * model.embed_tokens.weight.element_size()
-    return weights + kv
-
-
-def random_model(args: ModelArgs) -> Transformer:
-    """The shape with PyTorch's default random init, built on the GPU (a 7B model in seconds)."""
-    with torch.device("cuda"):
-        return Transformer(args).to(torch.bfloat16).eval().requires_grad_(False)
 
 
 def timed(fn, label: str):
@@ -68,7 +51,7 @@ def timed(fn, label: str):
 
 
 def bench_shape(name: str, prompt_len: int, new_tokens: int, peak_bw: float | None, copy_bw: float) -> dict:
-    model = random_model(SHAPES[name])
+    model = random_model(name)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.vocab_size, (prompt_len,), generator=g)
     max_len = prompt_len + new_tokens
@@ -84,15 +67,15 @@ def bench_shape(name: str, prompt_len: int, new_tokens: int, peak_bw: float | No
             gen, util = timed(lambda: autoregressive_generate(model, prompt, max_new_tokens=new_tokens), label)
             steps = gen.trace.steps
             decode_s = sum(s.verify_time for s in steps[1:])
-            tokens, tok_s, kv_slots = gen.tokens, (len(gen.tokens) - 1) / decode_s, prompt_len + new_tokens // 2
+            tokens, tok_s, context = gen.tokens, (len(gen.tokens) - 1) / decode_s, prompt_len + new_tokens // 2
         else:
             dec = StaticDecoder(model, max_len=max_len, **opts)
             dec.warmup()
             run, util = timed(lambda: dec.generate(prompt, new_tokens), label)
-            tokens, tok_s, kv_slots = run.tokens, run.tokens_per_s, max_len
+            tokens, tok_s, context = run.tokens, run.tokens_per_s, max_len - 1   # attends every slot
         ref_tokens = ref_tokens or tokens
         agree = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), len(tokens))
-        nbytes = step_bytes(model, kv_slots)
+        nbytes = decode_cost(model.args, context).bytes        # weights, one embedding row, the KV read and written
         rows.append({"mode": label, "tokens_per_s": tok_s, "ms_per_token": 1e3 / tok_s, "bytes_per_step": nbytes,
                      "achieved_bandwidth": nbytes * tok_s,
                      "fraction_of_peak": nbytes * tok_s / peak_bw if peak_bw else None,
@@ -118,7 +101,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {s['shape']} | {r['mode']} | {r['tokens_per_s']:.0f} | {r['ms_per_token']:.2f} | "
                          f"{r['achieved_bandwidth'] / 1e9:.0f} | {peak} | {100 * r['fraction_of_copy']:.0f} | {util} | "
                          f"{r['tokens_equal_to_eager']}/{s['new_tokens']} |")
-    lines += ["", "Bytes per step: every weight once (an untied embedding table counts one row) plus the KV "
+    lines += ["", "Bytes per step (labkit.hw.decode_cost): every linear weight once, one embedding row, the KV "
               "slots attended (the static cache attends all of its slots under a mask). 'tokens = eager': "
               "leading tokens equal to the eager run's (random weights give near-flat logits, so bf16 "
               "rounding differences between kernels may flip a later argmax)."]

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..adaptive import expected_tokens
-from ..model import ModelArgs
+from ..model import ModelArgs, Transformer
 from .device import DeviceProfile
 
 
@@ -134,3 +136,12 @@ SHAPES = {
     "llama-2-7b": ModelArgs(vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, hidden_dim=11008,
                             norm_eps=1e-5, max_seq_len=4096),
 }
+
+
+def random_model(name: str, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16) -> Transformer:
+    """A model of SHAPES[name] with PyTorch's default random init, built on `device` (a 7B one in seconds
+    on a GPU): what timing runs use where the checkpoint cannot be downloaded."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}; choose from {list(SHAPES)}")
+    with torch.device(device):
+        return Transformer(SHAPES[name]).to(dtype).eval().requires_grad_(False)
