@@ -30,6 +30,7 @@ from labkit.cli import encode_prompt
 from labkit.heads.checkpoint import REPO_HEADS, load_medusa
 from labkit.heads.eagle import EagleDrafter, load_eagle
 from labkit.heads.medusa import MedusaDrafter, typical_accept_rule
+from labkit.hw.device import time_forwards
 from labkit.tree_decoding import tree_generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,23 +46,6 @@ def code_prompts() -> list[tuple[str, str]]:
         p = json.loads(line)
         if p["category"] == "code":
             out.append((p["id"], p["prompt"]))
-    return out
-
-
-@torch.no_grad()
-def verify_cost_curve(model, sizes=(1, 5, 7, 17, 33), prefix: int = 100, repeats: int = 3) -> dict[int, float]:
-    """Best-of-`repeats` seconds of one forward over T new tokens after a cached prefix."""
-    cache = model.new_cache(max_len=prefix + max(sizes))
-    model(torch.randint(0, 1000, (1, prefix)), cache)
-    out = {}
-    for T in sizes:
-        feed, times = torch.randint(0, 1000, (1, T)), []
-        for _ in range(repeats):
-            cache.truncate(prefix)
-            t0 = time.perf_counter()
-            model(feed, cache)
-            times.append(time.perf_counter() - t0)
-        out[T] = round(min(times), 4)
     return out
 
 
@@ -100,7 +84,7 @@ def main() -> None:
     }
     prompts = code_prompts()[: args.limit]
     autoregressive_generate(model, encode_prompt(target.tokenizer, "hi", True), 4)       # warm-up
-    verify_cost = verify_cost_curve(model)
+    verify_cost = {T: round(t, 4) for T, t in time_forwards(model, 100, (1, 5, 7, 17, 33), repeats=3).items()}
     print("seconds per target forward of T tokens:", verify_cost)
     per_prompt = []
     for pid, text in tqdm(prompts, desc="prompts"):

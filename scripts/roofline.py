@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +31,7 @@ from tqdm import tqdm
 
 from labkit.hub import DEFAULT_TARGET
 from labkit.hw import SHAPES, Roofline, describe, forward_cost
-from labkit.hw.device import add_timing_args, timing_clock
+from labkit.hw.device import add_timing_args, time_forwards, timing_clock
 from labkit.model import ModelArgs, Transformer
 from labkit.static_decode import time_forward
 
@@ -48,38 +47,6 @@ def load_target(args) -> Transformer:
     model_args = ModelArgs.from_hf_config(config) if config else SHAPES["qwen2.5-1.5b"]
     model = Transformer(model_args).to(torch.bfloat16)
     return model.init_random().to(args.device).eval().requires_grad_(False)
-
-
-def sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-@torch.no_grad()
-def time_forwards(model: Transformer, context: int, tokens: tuple[int, ...], repeats: int, device,
-                  clock=time.perf_counter) -> dict[int, float]:
-    """Best-of-`repeats` seconds of one forward of T tokens after `context` cached ones (rolled back each time).
-
-    The token counts take turns (round robin), so a burst of load from another process on a shared
-    machine slows one round of every T rather than all runs of one T.
-    """
-    cache = model.new_cache(max_len=context + max(tokens))
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.vocab_size, (1, context), generator=g).to(device)
-    model(prompt, cache, num_logits=1)
-    feeds = {T: torch.randint(0, model.vocab_size, (1, T), generator=g).to(device) for T in tokens}
-    runs = {T: [] for T in tokens}
-    with tqdm(total=(repeats + 1) * len(tokens), desc="forwards") as bar:
-        for _ in range(repeats + 1):                     # the first round warms up
-            for T in tokens:
-                sync(device)
-                t0 = clock()
-                model(feeds[T], cache)                   # all T logits, as a verify pass computes them
-                sync(device)
-                runs[T].append(clock() - t0)
-                cache.truncate(context)
-                bar.update()
-    return {T: min(r[1:]) for T, r in runs.items()}     # the least disturbed run: the machine may be shared
 
 
 def plot(result: dict, path: Path) -> None:
@@ -135,7 +102,7 @@ def main(argv=None) -> dict:
     roof = Roofline.of(profile)
     model = load_target(args)
     tokens = tuple(t for t in TOKENS if t <= args.max_tokens)
-    times = time_forwards(model, args.context, tokens, args.repeats, args.device, clock)
+    times = time_forwards(model, args.context, tokens, args.repeats, clock)
     eager = graphed = None
     if torch.device(args.device).type == "cuda":      # the device's time, not the kernel launches'
         eager = times

@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+from tqdm import tqdm
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,35 @@ def timing_clock(device: str, threads: int | None, cpu_time: bool):
 
 def clock_name(clock) -> str:
     return "CPU time of this thread" if clock is time.thread_time else "wall time"
+
+
+@torch.no_grad()
+def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
+                  clock=time.perf_counter) -> dict[int, float]:
+    """Best-of-`repeats` seconds of one forward of T tokens after `context` cached ones (rolled back each time).
+
+    The verify-cost curve: all T logits computed, as a verify pass does. The token counts take turns
+    (round robin), so a burst of load from another process on a shared machine slows one round of
+    every T rather than all runs of one T; the first round warms up and is dropped.
+    """
+    device = model.device
+    cache = model.new_cache(max_len=context + max(tokens))
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.vocab_size, (1, context), generator=g).to(device)
+    model(prompt, cache, num_logits=1)
+    feeds = {T: torch.randint(0, model.vocab_size, (1, T), generator=g).to(device) for T in tokens}
+    runs = {T: [] for T in tokens}
+    with tqdm(total=(repeats + 1) * len(tokens), desc="forwards") as bar:
+        for _ in range(repeats + 1):
+            for T in tokens:
+                _sync(device)
+                t0 = clock()
+                model(feeds[T], cache)
+                _sync(device)
+                runs[T].append(clock() - t0)
+                cache.truncate(context)
+                bar.update()
+    return {T: min(r[1:]) for T, r in runs.items()}     # the least disturbed run: the machine may be shared
 
 
 def measure_copy_bandwidth(device: str | torch.device = "cpu", size_mib: int = 256, repeats: int = 5,
