@@ -61,6 +61,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def log_tail(log: Path) -> str:
+    return log.read_text()[-3000:]
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A JupyterLab server rooted at the repository: yields its base URL and token, then stops it."""
@@ -89,7 +93,7 @@ def lab(tmp_path_factory):
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"JupyterLab did not start:\n{(home / 'lab.log').read_text()[-3000:]}")
+                    raise RuntimeError(f"JupyterLab did not start:\n{log_tail(home / 'lab.log')}")
                 time.sleep(0.5)
         yield url, token, home / 'lab.log'
     finally:
@@ -117,7 +121,7 @@ def server_state(url: str, token: str, log: Path) -> str:
             kernels = [(k["id"][:8], k["execution_state"]) for k in json.loads(response.read())]
     except OSError as error:
         kernels = f"unavailable ({error})"
-    return f"kernels: {kernels}\nJupyterLab log (end):\n{log.read_text()[-3000:]}"
+    return f"kernels: {kernels}\nJupyterLab log (end):\n{log_tail(log)}"
 
 
 def run_all_cells(page):
@@ -131,6 +135,7 @@ def cells_pending(page) -> int:
 
 
 def tracebacks(page) -> list[str]:
+    """The error outputs (stderr with a traceback or an error) shown in the notebook."""
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     return [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t]
 
@@ -164,7 +169,8 @@ def test_stepper_notebook_runs_in_jupyterlab_and_chromium(sync_playwright, lab):
             while not head.is_visible():
                 assert time.monotonic() < deadline, (f"the stepper did not appear after {runs} Run All (see the "
                                                      f"failure screenshot)\n{server_state(url, token, log)}")
-                assert not tracebacks(page), tracebacks(page)[0][-2000:]
+                errors = tracebacks(page)
+                assert not errors, errors[0][-2000:]
                 try:
                     head.wait_for(timeout=15_000)
                 except PlaywrightTimeout:
@@ -192,7 +198,8 @@ def test_stepper_notebook_runs_in_jupyterlab_and_chromium(sync_playwright, lab):
             assert widget.locator("img").last.evaluate("img => img.naturalWidth > 100")
             widget.locator("img").last.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "browser_stepper.png"))
-            assert not tracebacks(page), tracebacks(page)[0][-2000:]
+            errors = tracebacks(page)
+            assert not errors, errors[0][-2000:]
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "browser_stepper_failure.png"))
             raise
