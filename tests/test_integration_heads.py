@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from labkit import autoregressive_generate, load_model
+from labkit.bench.methods import METHODS, Models
 from labkit.cli import encode_prompt
 from labkit.heads.checkpoint import REPO_HEADS, load_medusa
 from labkit.heads.eagle import EagleDrafter, load_eagle
@@ -50,6 +51,16 @@ def test_shipped_heads_are_exact_and_accelerate(setup, name, floor):
     assert out.tokens == plain.tokens
     # trained heads accept real tokens: above the 1 token a forward of plain decoding
     assert out.trace.tokens_per_forward > floor, out.trace.summary()
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle-chain", "eagle-tree"])
+def test_bench_head_methods_are_exact_on_the_real_target(setup, name):
+    """`labkit bench --methods medusa,eagle-*` builds its drafters itself: same output, and it counts the forwards."""
+    target, ids, plain = setup
+    n = 12                                                           # a greedy prefix of `plain`: enough to check the wiring
+    result = METHODS[name].build(Models(target), n, 4, 10)(ids)
+    assert result.tokens == plain.tokens[:n]
+    assert 0 < result.target_forwards < len(result.tokens)          # some forward committed more than one token
 
 
 def test_sampling_over_an_eagle_tree_runs_on_the_real_target(setup):
