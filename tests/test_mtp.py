@@ -11,10 +11,10 @@ from labkit.drafters.mtp import self_speculative
 from labkit.mtp.data import fixed_windows
 from labkit.mtp.loss import evaluate, headwise_backward, naive_backward
 from labkit.mtp.model import MTPConfig, MTPModel
-from labkit.mtp.train import WINDOW_EXTRA, load_checkpoint
+from labkit.mtp.train import WINDOW_EXTRA, load_checkpoint, train
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
-SHIPPED = ["gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01"]
+SHIPPED = ["gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "gloeckle4_600", "gloeckle4_w01_600"]
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 
 
@@ -69,6 +69,10 @@ def test_config_errors_say_what_to_do():
         MTPConfig(kind="gloeckle", n_future=1)
     with pytest.raises(ValueError, match="no extra heads"):
         self_speculative(MTPModel(MTPConfig(dim=32, n_heads=2, hidden_dim=32, n_trunk=1)))
+    config = json.loads((DATA / "configs" / "next.json").read_text())
+    config["train"]["precision"] = "fp8"
+    with pytest.raises(ValueError, match="train.precision must be one of"):
+        train(config, DATA / "never-written")
 
 
 @pytest.mark.parametrize("kind,n", [("gloeckle", 2), ("gloeckle", 4), ("gloeckle", 8), ("deepseek", 2), ("deepseek", 4)])
@@ -109,7 +113,7 @@ def shipped(name):
     return load_checkpoint(DATA / name)
 
 
-@pytest.mark.parametrize("name", ["next"] + SHIPPED)
+@pytest.mark.parametrize("name", ["next", "next_600"] + SHIPPED)
 def test_shipped_checkpoint_reproduces_its_validation_loss(name):
     model, meta = shipped(name)
     T = meta["train"]["seq_len"]

@@ -1,7 +1,8 @@
 """Train one MTP model on the Shakespeare corpus: `python -m labkit.mtp.train --config data/mtp/configs/X.json`.
 
-Deterministic (seeded windows and init, one CPU thread), bf16 autocast on CPU, AdamW with warmup
-and cosine decay, tqdm progress. Writes <out>/<name>.safetensors (fp16 weights) and
+Deterministic (seeded windows and init, one CPU thread), bf16 autocast on CPU (config
+`"precision": "fp32"` trains without it: a CPU without native bf16, e.g. AVX2 only, runs bf16
+autocast several times slower than fp32), AdamW with warmup and cosine decay, tqdm progress. Writes <out>/<name>.safetensors (fp16 weights) and
 <out>/<name>.json: the config, the corpus provenance, the training curve, the compute spent, and
 the validation loss of the fp16 weights as shipped (what the tests reproduce).
 """
@@ -27,6 +28,7 @@ BITS_PER_NAT = 1 / math.log(2)
 WINDOW_EXTRA = 8             # every model sees windows of seq_len + 8 bytes, so all train on the same bytes
 N_VAL_WINDOWS = 128          # the validation set: the first 128 windows of the held-out plays
 N_SLICE_WINDOWS = 8          # the small slice the tests re-evaluate
+AUTOCAST = {"bf16": torch.bfloat16, "fp32": None}     # train.precision -> autocast dtype (None: plain fp32)
 
 
 def train_flops_per_token(cfg: MTPConfig, seq_len: int) -> int:
@@ -65,6 +67,9 @@ def _git_commit() -> str:
 def train(config: dict, out_dir: Path, steps: int | None = None) -> dict:
     tc, cfg = config["train"], MTPConfig(**config["model"])
     steps = steps or tc["steps"]
+    precision = tc.get("precision", "bf16")
+    if precision not in AUTOCAST:
+        raise ValueError(f"train.precision must be one of {sorted(AUTOCAST)}, got {precision!r}: fix the config")
     torch.manual_seed(tc["seed"])
     torch.set_num_threads(tc.get("threads", 1))
     corpus, sdist = load_corpus()
@@ -80,7 +85,7 @@ def train(config: dict, out_dir: Path, steps: int | None = None) -> dict:
             group["lr"] = _lr(step, steps, tc["lr"], tc["warmup"])
         window = random_windows(corpus.train, B, T + WINDOW_EXTRA, gen)                  # (B, T + 8)
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=AUTOCAST[precision] or torch.bfloat16, enabled=AUTOCAST[precision] is not None):
             loss = backward(model, window, T)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
