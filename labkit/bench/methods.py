@@ -161,7 +161,8 @@ def _transformers(assisted: bool = False, lookup: bool = False):
     return build
 
 
-# tree sizes: a verify pass over 32 tokens costs ~1.2 one-token passes on this CPU, 64 tokens ~1.7
+# tree sizes: a verify pass over 32 tokens cost ~1.2 one-token passes, 64 tokens ~1.7, on the AMX Xeon where
+# these were chosen; on an AVX2-only CPU far more (README, "No speedup on this CPU")
 MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET = 32, 8, 6, 32
 _D, _HF, _HFD, _H = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"}), frozenset({"heads"})
 METHODS: dict[str, Method] = {m.name: m for m in [
