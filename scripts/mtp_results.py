@@ -97,7 +97,7 @@ def main() -> None:
                       "head_accuracy": head_accuracy(model, windows[:32], T),
                       "train_flops_per_token": meta["train_flops_per_token"], "tokens_seen": meta["tokens_seen"],
                       "train_seconds": meta["train_seconds"], "train_seconds_per_step": meta["seconds_per_step"],
-                      "steps": meta["train"]["steps"], "precision": meta["train"].get("precision", "bf16"),
+                      "steps": meta["train"]["steps"], "precision": meta["train"]["precision"],
                       **decode_side_by_side(model, prompts)}
     for row in rows.values():
         row["baseline"] = next_token_baseline(rows, row)
@@ -135,12 +135,13 @@ def markdown(result: dict) -> str:
              "| tokens/forward (greedy) | tokens/forward (T=1 sampled) | AR ms/token | self-spec ms/token | speedup |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():
+        trained = (f"| {name} | {r['steps']} | {r['precision']} | {r['params'] / 1e6:.2f}M "
+                   f"| {r['train_flops_per_token'] / 1e6:.1f}M | {r['train_seconds_per_step']:.2f} "
+                   f"| {r['val_next_bits_per_byte']:.3f} ")
         if r["kind"] == "next":
-            lines.append(f"| {name} | {r['steps']} | {r['precision']} | {r['params'] / 1e6:.2f}M "
-                         f"| {r['train_flops_per_token'] / 1e6:.1f}M | {r['train_seconds_per_step']:.2f} | {r['val_next_bits_per_byte']:.3f} | - | 1 | 1 | {r['ar_ms_per_token']:.2f} | - | 1.00x |")
+            lines.append(trained + f"| - | 1 | 1 | {r['ar_ms_per_token']:.2f} | - | 1.00x |")
             continue
-        lines.append(f"| {name} | {r['steps']} | {r['precision']} | {r['params'] / 1e6:.2f}M "
-                     f"| {r['train_flops_per_token'] / 1e6:.1f}M | {r['train_seconds_per_step']:.2f} | {r['val_next_bits_per_byte']:.3f} | {100 * r['val_loss_vs_next']:+.1f}% "
+        lines.append(trained + f"| {100 * r['val_loss_vs_next']:+.1f}% "
                      f"| {r['tokens_per_forward']:.2f} | {r['sampled_tokens_per_forward']:.2f} "
                      f"| {r['ar_ms_per_token']:.2f} | {r['spec_ms_per_token']:.2f} | {r['speedup']:.2f}x |")
     lines += ["", "Where the time goes: one AR step (a 1-byte forward through trunk + next-token head) against one "

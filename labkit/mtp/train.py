@@ -1,9 +1,9 @@
 """Train one MTP model on the Shakespeare corpus: `python -m labkit.mtp.train --config data/mtp/configs/X.json`.
 
-Deterministic (seeded windows and init, one CPU thread), bf16 autocast on CPU (config
-`"precision": "fp32"` trains without it: a CPU without native bf16, e.g. AVX2 only, runs bf16
-autocast several times slower than fp32), AdamW with warmup and cosine decay, tqdm progress. Writes <out>/<name>.safetensors (fp16 weights) and
-<out>/<name>.json: the config, the corpus provenance, the training curve, the compute spent, and
+Deterministic (seeded windows and init, one CPU thread), bf16 autocast on CPU unless the config's
+`train.precision` is "fp32" (on a CPU without native bf16, AVX2 only, autocast ran 10x slower:
+data/mtp/step_time.md), AdamW with warmup and cosine decay, tqdm progress. Writes
+<out>/<name>.safetensors (fp16 weights) and <out>/<name>.json: the config, the corpus provenance, the training curve, the compute spent, and
 the validation loss of the fp16 weights as shipped (what the tests reproduce).
 """
 from __future__ import annotations
@@ -70,6 +70,7 @@ def train(config: dict, out_dir: Path, steps: int | None = None) -> dict:
     precision = tc.get("precision", "bf16")
     if precision not in AUTOCAST:
         raise ValueError(f"train.precision must be one of {sorted(AUTOCAST)}, got {precision!r}: fix the config")
+    autocast_dtype = AUTOCAST[precision]
     torch.manual_seed(tc["seed"])
     torch.set_num_threads(tc.get("threads", 1))
     corpus, sdist = load_corpus()
@@ -85,7 +86,7 @@ def train(config: dict, out_dir: Path, steps: int | None = None) -> dict:
             group["lr"] = _lr(step, steps, tc["lr"], tc["warmup"])
         window = random_windows(corpus.train, B, T + WINDOW_EXTRA, gen)                  # (B, T + 8)
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=AUTOCAST[precision] or torch.bfloat16, enabled=AUTOCAST[precision] is not None):
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
             loss = backward(model, window, T)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -103,7 +104,7 @@ def train(config: dict, out_dir: Path, steps: int | None = None) -> dict:
     val = fixed_windows(corpus.val, N_VAL_WINDOWS, T + WINDOW_EXTRA)                       # (128, T + 8)
     val_loss = evaluate(shipped, val, T)
     slice_loss = evaluate(shipped, val[:N_SLICE_WINDOWS], T)
-    meta = {"name": config["name"], "model": cfg.to_dict(), "train": {**tc, "steps": steps},
+    meta = {"name": config["name"], "model": cfg.to_dict(), "train": {**tc, "steps": steps, "precision": precision},
             "params": sum(p.numel() for p in model.parameters()),
             "tokens_seen": steps * B * T, "train_flops_per_token": train_flops_per_token(cfg, T),
             "train_flops": train_flops_per_token(cfg, T) * steps * B * T,
