@@ -8,7 +8,8 @@ one token of the target's; rollback keeps exactly the accepted path's KV entries
 place right after the root (`KVCache.commit_path`), and drops every other branch.
 
 Tree drafters (Medusa, EAGLE) read the target's features, so the loop hands them the final
-hidden state of every position it adds to the cache (see drafters/tree_base.py).
+hidden state of every position it adds to the cache (see drafters/tree_base.py). A `TreeTarget`
+names other features: a multi-token model's are all its heads' hidden states (drafters/mtp_tree.py).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .drafters.tree_base import TreeDrafter, TreeProposal
+from .drafters.tree_base import TreeDrafter, TreeProposal, TreeTarget
 from .model import Transformer
 from .sampling import GREEDY, SamplingConfig, probs_from_logits
 from .speculative import Generation, StepDecoder, _seeded, _until_eos, check_request
@@ -29,21 +30,31 @@ from .tree_acceptance import TreeAcceptance, greedy_tree_accept, tree_speculativ
 AcceptRule = Callable[[Tree, torch.Tensor, torch.Tensor], TreeAcceptance]
 
 
-def target_features_and_logits(target: Transformer, tokens: torch.Tensor, cache, positions=None, mask=None):
-    """The target's final hidden states (T, D) and logits (T, V) for tokens (1, T) after the cache."""
+def target_features(target: Transformer | TreeTarget, tokens: torch.Tensor, cache, positions=None,
+                    mask=None) -> torch.Tensor:
+    """What the drafter reads (T, F) for tokens (1, T) after the cache: the final hidden states of labkit's model."""
+    if isinstance(target, TreeTarget):
+        return target.features(tokens, cache, positions, mask)
     if not isinstance(target, Transformer):
         raise TypeError("tree decoding needs labkit's native model (explicit tree mask and positions, hidden "
-                        "states for the drafter): load the target with backend='native'")
-    h = target.hidden(tokens, cache, positions, mask)[0]                              # (T, D)
-    return h, target.lm_head(h).float()                                               # (T, D), (T, V)
+                        "states for the drafter): load the target with backend='native', or wrap another model "
+                        "in a TreeTarget (labkit.drafters.tree_base) as labkit.drafters.mtp_tree does")
+    return target.hidden(tokens, cache, positions, mask)[0]                           # (T, D)
+
+
+def target_features_and_logits(target: Transformer | TreeTarget, tokens: torch.Tensor, cache, positions=None,
+                               mask=None):
+    """The target's features (T, F) and next-token logits (T, V) for tokens (1, T) after the cache."""
+    h = target_features(target, tokens, cache, positions, mask)                        # (T, F)
+    return h, (target.logits(h) if isinstance(target, TreeTarget) else target.lm_head(h).float())   # (T, V)
 
 
 class TreeDecoder(StepDecoder):
     """One sequence decoded with a tree drafter; each `step()` is one target forward over a tree."""
 
-    def __init__(self, target: Transformer, drafter: TreeDrafter, prompt_ids: torch.Tensor, max_new_tokens: int,
-                 budget: int = 32, sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
-                 seed: int | None = None, accept_rule: AcceptRule | None = None):
+    def __init__(self, target: Transformer | TreeTarget, drafter: TreeDrafter, prompt_ids: torch.Tensor,
+                 max_new_tokens: int, budget: int = 32, sampling: SamplingConfig = GREEDY,
+                 eos_token_ids: tuple[int, ...] = (), seed: int | None = None, accept_rule: AcceptRule | None = None):
         if not isinstance(budget, int) or budget < 1:
             raise ValueError(f"budget (tree nodes per step) must be an integer >= 1, got {budget!r}")
         if accept_rule is not None and not sampling.greedy:
@@ -57,9 +68,10 @@ class TreeDecoder(StepDecoder):
         t0 = time.perf_counter()
         with torch.no_grad():
             self.cache = target.new_cache()                     # holds every committed token but the last
-            features = target.embed_tokens.weight.new_zeros(0, target.args.dim)                    # (0, D)
+            features = torch.zeros(0, target.feature_dim, device=target.device) if isinstance(target, TreeTarget) \
+                else target.embed_tokens.weight.new_zeros(0, target.args.dim)                       # (0, F)
             if len(self.tokens) > 1:
-                features = target.hidden(self.prompt[None, :-1].to(target.device), self.cache)[0]   # (T-1, D)
+                features = target_features(target, self.prompt[None, :-1].to(target.device), self.cache)  # (T-1, F)
             drafter.start(self.prompt, features)
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
 
@@ -107,7 +119,7 @@ class TreeDecoder(StepDecoder):
         return self._record(step, new_tokens, t0)
 
 
-def tree_generate(target: Transformer, drafter: TreeDrafter, prompt_ids: torch.Tensor, max_new_tokens: int,
+def tree_generate(target: Transformer | TreeTarget, drafter: TreeDrafter, prompt_ids: torch.Tensor, max_new_tokens: int,
                   budget: int = 32, sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
                   seed: int | None = None, accept_rule: AcceptRule | None = None) -> Generation:
     """Decode up to max_new_tokens after prompt_ids (T,) with a tree drafter proposing up to `budget` nodes a step."""

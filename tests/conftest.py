@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from labkit.model import ModelArgs, Transformer
+from labkit.mtp.model import MTPConfig, MTPModel
 
 
 def _import_triton_interpreted() -> None:
@@ -49,6 +50,25 @@ def perturbed(model: Transformer, scale: float, seed: int = 1) -> Transformer:
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
     return draft
+
+
+def tiny_mtp(kind: str, n: int, seed: int = 0, scale: float = 8.0) -> MTPModel:
+    """A random multi-token model; weights scaled up so its greedy choices are not ties."""
+    torch.manual_seed(seed)
+    model = MTPModel(MTPConfig(kind=kind, n_future=n, dim=64, n_heads=4, hidden_dim=96, n_trunk=2, max_seq_len=128))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """The multi-token models are tiny: one thread is fastest, and on a busy machine two threads spin-wait."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -12,29 +12,14 @@ from labkit.mtp.data import fixed_windows
 from labkit.mtp.loss import evaluate, headwise_backward, naive_backward
 from labkit.mtp.model import MTPConfig, MTPModel
 from labkit.mtp.train import WINDOW_EXTRA, load_checkpoint, train
+from conftest import tiny_mtp
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
 SHIPPED = ["gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "gloeckle4_600", "gloeckle4_w01_600"]
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread is fastest, and on a busy machine two threads spin-wait."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_mtp(kind: str, n: int, seed: int = 0, scale: float = 8.0) -> MTPModel:
-    """A random MTP model; weights scaled up so its greedy choices are not ties."""
-    torch.manual_seed(seed)
-    model = MTPModel(MTPConfig(kind=kind, n_future=n, dim=64, n_heads=4, hidden_dim=96, n_trunk=2, max_seq_len=128))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(scale)
-    return model
 
 
 def grads(model):
@@ -113,7 +98,7 @@ def shipped(name):
     return load_checkpoint(DATA / name)
 
 
-@pytest.mark.parametrize("name", ["next", "next_600"] + SHIPPED)
+@pytest.mark.parametrize("name", ["next", "next_600", "next_988"] + SHIPPED)
 def test_shipped_checkpoint_reproduces_its_validation_loss(name):
     model, meta = shipped(name)
     T = meta["train"]["seq_len"]

@@ -59,6 +59,31 @@ class TreeDrafter(ABC):
         """A tree of at most `budget` nodes to follow `tokens` (N,), the committed sequence."""
 
 
+class TreeTarget(ABC):
+    """A verifier for the tree decoder other than labkit's Transformer (whose features are its final
+    hidden states): it names what its drafter reads per position (`features`) and how the target's
+    next-token logits follow from them. Multi-token models use it: their features are every head's
+    hidden state, so the heads' drafts for the next step come from the last accepted node.
+    """
+    feature_dim: int
+    vocab_size: int
+    max_seq_len: int
+    device: torch.device
+
+    @abstractmethod
+    def new_cache(self):
+        """An empty KV cache for one sequence."""
+
+    @abstractmethod
+    def features(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Features (T, F) of tokens (1, T) after the cache, which advances; positions/mask as for a tree."""
+
+    @abstractmethod
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (T, V) from features (T, F)."""
+
+
 class ChainAsTree(TreeDrafter):
     """Any chain drafter (a draft model, prompt lookup) as a tree drafter whose tree is a chain."""
 

@@ -141,10 +141,11 @@ class MTPModel(nn.Module):
         return KVCache(n_layers, batch_size, a.n_kv_heads, max_len or self.cfg.max_seq_len, a.head_dim, p.dtype, p.device)
 
     def forward(self, tokens: torch.Tensor, cache, positions=None, mask=None, num_logits: int | None = None):
-        """Next-token logits (B, T', V) of `tokens` (B, T) after the cache: trunk + head 1, what AR decoding runs."""
-        if positions is not None or mask is not None:
-            raise NotImplementedError("MTPModel decodes chains only: positions and mask are derived from the cache")
-        rope = self.rope(cache.length, tokens.shape[1], tokens.shape[0])
+        """Next-token logits (B, T', V) of `tokens` (B, T) after the cache: trunk + head 1, what AR decoding runs.
+
+        positions (B, T) and mask (T, S) as in labkit.model.Transformer.hidden (a tree passes both).
+        """
+        rope = self.rope(cache.length, tokens.shape[1], tokens.shape[0], positions, mask)
         h = self.head_hidden(0, self.trunk_hidden(tokens, cache, rope), cache, rope)    # (B, T, D): head 1 only
         cache.advance(tokens.shape[1])
         if num_logits is not None:
@@ -152,10 +153,15 @@ class MTPModel(nn.Module):
         return self.logits(h, 0)
 
     # --- the pieces: trunk, heads, modules ---
-    def rope(self, n_cached: int, T: int, B: int = 1) -> Rope:
-        positions = (n_cached + torch.arange(T, device=self.device)).expand(B, T)     # (B, T)
+    def rope(self, n_cached: int, T: int, B: int = 1, positions: torch.Tensor | None = None,
+             mask: torch.Tensor | None = None) -> Rope:
+        """Defaults: the T tokens follow the cache in a chain; a tree gives its positions (B, T) and mask (T, S)."""
+        if positions is None:
+            positions = (n_cached + torch.arange(T, device=self.device)).expand(B, T)     # (B, T)
+        if mask is None and T > 1:
+            mask = chain_mask(n_cached, T, self.device)                                # (T, S)
         cos, sin = rope_cos_sin(positions, self.cfg.block_args.head_dim, 10000.0, self.embed_tokens.weight.dtype)
-        return Rope(cos, sin, chain_mask(n_cached, T, self.device) if T > 1 else None)
+        return Rope(cos, sin, mask)
 
     def trunk_hidden(self, tokens: torch.Tensor, cache, rope: Rope) -> torch.Tensor:
         """Trunk output z (B, T, D); the caller advances the cache once every head has written too."""
@@ -177,9 +183,10 @@ class MTPModel(nn.Module):
     def module_logits(self, k: int, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.module_norms[k](h)).float()
 
-    def all_head_hidden(self, tokens: torch.Tensor, cache) -> list[torch.Tensor]:
+    def all_head_hidden(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None = None,
+                        mask: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Every head's hidden state [(B, T, D)] for tokens after the cache, which then advances."""
-        rope = self.rope(cache.length, tokens.shape[1], tokens.shape[0])
+        rope = self.rope(cache.length, tokens.shape[1], tokens.shape[0], positions, mask)
         z = self.trunk_hidden(tokens, cache, rope)                            # (B, T, D)
         hs = [self.head_hidden(j, z, cache, rope) for j in range(self.cfg.n_head_blocks)]
         cache.advance(tokens.shape[1])
