@@ -21,7 +21,7 @@ LAB_SETTINGS  := $(VENV)/share/jupyter/lab/settings
 LAB_PORT ?= 8888
 LAB_IP   ?= 127.0.0.1
 
-PYTEST_NOTEBOOKS := tests notebooks --nbval --nbval-current-env --nbval-cell-timeout=900 \
+PYTEST_NOTEBOOKS := tests notebooks --nbval --nbval-current-env --nbval-cell-timeout=900 --durations=25 \
                     --nbval-sanitize-with notebooks/sanitize.cfg
 
 .PHONY: help venv models lab test test-fast bench chromium
