@@ -5,7 +5,7 @@ never trained on) with the model's own next-token head autoregressively and self
 interleaved prompt by prompt in this one process (one thread); Gloeckle models also draft a tree
 from their heads' top-k (labkit/drafters/mtp_tree.py) at several node budgets. Writes
 data/mtp/results.json, data/mtp/results.md and data/mtp/heldout.txt (the validation windows the
-tests re-evaluate). Run: `python scripts/mtp_results.py` (about 15 minutes).
+tests re-evaluate). Run: `python scripts/mtp_results.py` (about 18 minutes).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from labkit.tree_decoding import tree_generate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
 MODELS = ["next", "gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "next_600", "gloeckle4_600", "gloeckle4_w01_600",
-          "next_988"]
+          "deepseek3_600", "next_988", "next_1041"]
 N_PROMPTS, PROMPT_LEN, NEW_TOKENS, SAMPLE_TEMPERATURE = 12, 64, 128, 1.0
 TREE_BUDGETS, TREE_BUDGET, TOP_K = (4, 8, 16, 32), 16, 8   # tree nodes per step; the goal's budget; ranks per head
 
@@ -177,7 +177,7 @@ def markdown(result: dict) -> str:
              "data*, the one trained on the same bytes for the same steps (`next` for the 300-step bf16-autocast "
              "models, `next_600` for the 600-step fp32 ones), and at *equal compute*, the one whose training FLOPs "
              "match (`next_988`: 988 steps cost what 600 steps of an n=4 Gloeckle model cost, its extra heads "
-             "included; the 300-step models have none). *train s/step* was measured on the machine each model was "
+             "included; `next_1041` for the 600-step DeepSeek model; the 300-step models have none). *train s/step* was measured on the machine each model was "
              "trained on.", "",
              "| model | steps | precision | params | train FLOPs/token | train s/step | val next-token bits/byte "
              "| vs next, equal data | vs next, equal compute | tokens/forward (greedy) | tokens/forward (T=1 sampled) "

@@ -15,7 +15,7 @@ from labkit.mtp.train import WINDOW_EXTRA, load_checkpoint, train
 from conftest import tiny_mtp
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
-SHIPPED = ["gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "gloeckle4_600", "gloeckle4_w01_600"]
+SHIPPED = ["gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "gloeckle4_600", "gloeckle4_w01_600", "deepseek3_600"]
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,7 +98,7 @@ def shipped(name):
     return load_checkpoint(DATA / name)
 
 
-@pytest.mark.parametrize("name", ["next", "next_600", "next_988"] + SHIPPED)
+@pytest.mark.parametrize("name", ["next", "next_600", "next_988", "next_1041"] + SHIPPED)
 def test_shipped_checkpoint_reproduces_its_validation_loss(name):
     model, meta = shipped(name)
     T = meta["train"]["seq_len"]
