@@ -30,23 +30,28 @@ from .tree_acceptance import TreeAcceptance, greedy_tree_accept, tree_speculativ
 AcceptRule = Callable[[Tree, torch.Tensor, torch.Tensor], TreeAcceptance]
 
 
-def target_features(target: Transformer | TreeTarget, tokens: torch.Tensor, cache, positions=None,
-                    mask=None) -> torch.Tensor:
-    """What the drafter reads (T, F) for tokens (1, T) after the cache: the final hidden states of labkit's model."""
+class NativeTreeTarget(TreeTarget):
+    """labkit's Transformer as a tree target: its features are its final normed hidden states."""
+
+    def __init__(self, model: Transformer):
+        self.model, self.feature_dim = model, model.args.dim
+        self.feature_dtype = model.embed_tokens.weight.dtype
+
+    def features(self, tokens, cache, positions=None, mask=None):
+        return self.model.hidden(tokens, cache, positions, mask)[0]                     # (T, D)
+
+    def logits(self, features):
+        return self.model.lm_head(features).float()                                     # (T, V)
+
+
+def as_tree_target(target: Transformer | TreeTarget) -> TreeTarget:
     if isinstance(target, TreeTarget):
-        return target.features(tokens, cache, positions, mask)
+        return target
     if not isinstance(target, Transformer):
         raise TypeError("tree decoding needs labkit's native model (explicit tree mask and positions, hidden "
                         "states for the drafter): load the target with backend='native', or wrap another model "
                         "in a TreeTarget (labkit.drafters.tree_base) as labkit.drafters.mtp_tree does")
-    return target.hidden(tokens, cache, positions, mask)[0]                           # (T, D)
-
-
-def target_features_and_logits(target: Transformer | TreeTarget, tokens: torch.Tensor, cache, positions=None,
-                               mask=None):
-    """The target's features (T, F) and next-token logits (T, V) for tokens (1, T) after the cache."""
-    h = target_features(target, tokens, cache, positions, mask)                        # (T, F)
-    return h, (target.logits(h) if isinstance(target, TreeTarget) else target.lm_head(h).float())   # (T, V)
+    return NativeTreeTarget(target)
 
 
 class TreeDecoder(StepDecoder):
@@ -59,6 +64,7 @@ class TreeDecoder(StepDecoder):
             raise ValueError(f"budget (tree nodes per step) must be an integer >= 1, got {budget!r}")
         if accept_rule is not None and not sampling.greedy:
             raise ValueError("a custom accept_rule (typical acceptance) replaces sampling: use temperature 0 with it")
+        target = as_tree_target(target)
         self.prompt = check_request(target, prompt_ids, max_new_tokens)
         self.target, self.drafter, self.max_new_tokens, self.budget = target, drafter, max_new_tokens, budget
         self.sampling, self.accept_rule = sampling, accept_rule
@@ -68,10 +74,9 @@ class TreeDecoder(StepDecoder):
         t0 = time.perf_counter()
         with torch.no_grad():
             self.cache = target.new_cache()                     # holds every committed token but the last
-            features = torch.zeros(0, target.feature_dim, device=target.device) if isinstance(target, TreeTarget) \
-                else target.embed_tokens.weight.new_zeros(0, target.args.dim)                       # (0, F)
+            features = torch.zeros(0, target.feature_dim, dtype=target.feature_dtype, device=target.device)  # (0, F)
             if len(self.tokens) > 1:
-                features = target_features(target, self.prompt[None, :-1].to(target.device), self.cache)  # (T-1, F)
+                features = target.features(self.prompt[None, :-1].to(target.device), self.cache)     # (T-1, F)
             drafter.start(self.prompt, features)
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
 
@@ -91,9 +96,8 @@ class TreeDecoder(StepDecoder):
         feed = torch.tensor([self.tokens[-1]] + nodes.tolist(), device=self.target.device)[None]   # (1, 1+N)
         positions = torch.cat([torch.zeros(1, dtype=torch.long), tree.depth]) + n_cached           # (1+N,)
         mask = tree.verify_mask(n_cached).to(self.target.device)                                   # (1+N, S)
-        hidden, logits = target_features_and_logits(self.target, feed, self.cache,
-                                                    positions[None].to(self.target.device), mask)
-        logits = logits.cpu()                                                            # (1+N, V)
+        hidden = self.target.features(feed, self.cache, positions[None].to(self.target.device), mask)  # (1+N, F)
+        logits = self.target.logits(hidden).cpu()                                        # (1+N, V)
         t2 = time.perf_counter()
         # 3. Accept: the longest agreeing path plus one token of the target's
         if self.accept_rule is not None:

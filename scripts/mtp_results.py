@@ -117,7 +117,7 @@ def main() -> None:
         rows[name] = {"kind": model.cfg.kind, "n_future": model.cfg.n_future, "params": meta["params"],
                       "val_next_bits_per_byte": meta["val_next_bits_per_byte"],
                       "val_loss_bits_per_offset": [x / math.log(2) for x in meta["val_loss_nats"]],
-                      "head_accuracy": topk_accuracy[:, 0].tolist(), "head_topk_accuracy": topk_accuracy.tolist(),
+                      "head_topk_accuracy": topk_accuracy.tolist(),
                       "train_flops_per_token": meta["train_flops_per_token"], "tokens_seen": meta["tokens_seen"],
                       "train_flops": meta["train_flops"],
                       "train_seconds": meta["train_seconds"], "train_seconds_per_step": meta["seconds_per_step"],

@@ -24,23 +24,20 @@ from ..mtp.model import MTPModel, mtp_window_targets
 from .tree_base import TreeTarget
 
 
+def _require_gloeckle(model: MTPModel) -> None:
+    if model.cfg.kind != "gloeckle":
+        raise ValueError(f"tree drafting reads parallel heads (a gloeckle model), got kind {model.cfg.kind!r}: "
+                         "a deepseek model's modules draft one after another (labkit.drafters.mtp."
+                         "self_speculative), a next-token model has no heads to draft with")
+
+
 class MTPTreeTarget(TreeTarget):
     """A Gloeckle model as the tree decoder's target: features = all n heads' hidden states, concatenated."""
 
     def __init__(self, model: MTPModel):
-        if model.cfg.kind != "gloeckle":
-            raise ValueError(f"tree drafting reads parallel heads (a gloeckle model), got kind {model.cfg.kind!r}: "
-                             "a deepseek model's modules draft one after another (labkit.drafters.mtp."
-                             "self_speculative), a next-token model has no heads to draft with")
+        _require_gloeckle(model)
         self.model, self.dim = model, model.cfg.dim
-        self.feature_dim = model.cfg.n_future * model.cfg.dim
-
-    vocab_size = property(lambda self: self.model.vocab_size)
-    max_seq_len = property(lambda self: self.model.max_seq_len)
-    device = property(lambda self: self.model.device)
-
-    def new_cache(self):
-        return self.model.new_cache()
+        self.feature_dim, self.feature_dtype = model.cfg.n_future * model.cfg.dim, model.embed_tokens.weight.dtype
 
     def features(self, tokens, cache, positions=None, mask=None):
         hs = self.model.all_head_hidden(tokens, cache, positions, mask)       # n x (1, T, D)
@@ -76,8 +73,7 @@ def head_topk_accuracy(model: MTPModel, windows: torch.Tensor, T: int, k: int = 
 
 def mtp_tree_drafter(model: MTPModel, topk_accuracy: torch.Tensor, budget: int) -> MedusaDrafter:
     """Medusa's drafter on heads 2..n: the `budget` most likely paths by head accuracy (row 0, head 1's, unused)."""
-    if model.cfg.kind != "gloeckle":
-        raise ValueError(f"tree drafting reads parallel heads (a gloeckle model), got kind {model.cfg.kind!r}")
+    _require_gloeckle(model)
     if topk_accuracy.shape[0] != model.cfg.n_future:
         raise ValueError(f"topk_accuracy has {topk_accuracy.shape[0]} rows for a model with {model.cfg.n_future} "
                          "heads: measure it with head_topk_accuracy on this model")

@@ -60,19 +60,23 @@ class TreeDrafter(ABC):
 
 
 class TreeTarget(ABC):
-    """A verifier for the tree decoder other than labkit's Transformer (whose features are its final
-    hidden states): it names what its drafter reads per position (`features`) and how the target's
-    next-token logits follow from them. Multi-token models use it: their features are every head's
-    hidden state, so the heads' drafts for the next step come from the last accepted node.
+    """What the tree decoder verifies with: what its drafter reads per position (`features`) and how
+    the target's next-token logits follow from them. labkit's Transformer is wrapped as one whose
+    features are its final hidden states (`labkit.tree_decoding.NativeTreeTarget`); a multi-token
+    model's are every head's hidden state, so the heads' drafts for the next step come from the last
+    accepted node (`labkit.drafters.mtp_tree`).
     """
+    model: torch.nn.Module         # the wrapped model: the context, vocabulary, device and cache are its
     feature_dim: int
-    vocab_size: int
-    max_seq_len: int
-    device: torch.device
+    feature_dtype: torch.dtype
 
-    @abstractmethod
+    vocab_size = property(lambda self: self.model.vocab_size)
+    max_seq_len = property(lambda self: self.model.max_seq_len)
+    device = property(lambda self: self.model.device)
+
     def new_cache(self):
         """An empty KV cache for one sequence."""
+        return self.model.new_cache()
 
     @abstractmethod
     def features(self, tokens: torch.Tensor, cache, positions: torch.Tensor | None = None,
