@@ -83,10 +83,12 @@ bench: venv models
 	$(PY) -m labkit bench --questions data/questions/labkit_bench.jsonl --out data/bench/labkit_bench
 
 
-# Multi-token prediction (issue 4): retrain the eight byte-level models of data/mtp/, then re-measure
+# Multi-token prediction (issue 4): retrain the byte-level models of data/mtp/, then re-measure
 # the loss memory and the comparison table. The 600-step fp32 configs take 15-29 min each on one core
-# here; the 300-step bf16-autocast ones 9-18 min where the CPU has native bf16, ~10x that on AVX2 only.
-MTP_MODELS := next gloeckle4 deepseek3 gloeckle8 gloeckle4_w01 next_600 gloeckle4_600 gloeckle4_w01_600 deepseek3_600 next_988 next_1041
+# here (the 10-layer-trunk *_t10 ones ~44 min); the 300-step bf16-autocast ones 9-18 min where the CPU
+# has native bf16, ~10x that on AVX2 only.
+MTP_MODELS := next gloeckle4 deepseek3 gloeckle8 gloeckle4_w01 next_600 gloeckle4_600 gloeckle4_w01_600 deepseek3_600 next_988 next_1041 \
+              gloeckle4_w01_600_t10 gloeckle4_w005_600_t10 next_778_t10
 .PHONY: train-mtp
 train-mtp: venv
 	for m in $(MTP_MODELS); do $(PY) -m labkit.mtp.train --config data/mtp/configs/$$m.json --out data/mtp || exit 1; done

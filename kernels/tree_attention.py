@@ -199,7 +199,8 @@ def check(B=2, H=4, Hkv=2, N=37, P=100, hd=32, dtype=torch.float16, device="cpu"
 
 def benchmark(n_nodes=(16, 32, 64, 128, 256), prefixes=(512, 1024, 2048, 4096, 8192), B=1, H=12, Hkv=2,
               hd=128, dtype=torch.bfloat16) -> list[dict]:
-    """Kernel vs reference vs SDPA with a boolean mask (median ms, CUDA only); Qwen2.5-1.5B's head shape."""
+    """Kernel vs reference vs SDPA with a boolean mask, K/V repeated per query head or read in place with
+    enable_gqa (median ms, CUDA only); Qwen2.5-1.5B's head shape."""
     import torch.nn.functional as F
     rows = []
     for P in prefixes:
@@ -214,12 +215,16 @@ def benchmark(n_nodes=(16, 32, 64, 128, 256), prefixes=(512, 1024, 2048, 4096, 8
             out = tree_attention(q, k, v, parents, P, mask=anc)
             err = float((out.float() - ref.float()).abs().max())
 
-            def sdpa():
+            def sdpa():                                    # K/V copied out to every query head
                 kk, vv = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
                 return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+
+            def sdpa_gqa():                                # K/V read in place (labkit's model does this)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
             ms = {name: triton.testing.do_bench(fn) for name, fn in
                   [("triton", lambda: tree_attention(q, k, v, parents, P, mask=anc)),
-                   ("torch_ref", lambda: tree_attention_ref(q, k, v, parents, P, mask=anc)), ("sdpa_mask", sdpa)]}
+                   ("torch_ref", lambda: tree_attention_ref(q, k, v, parents, P, mask=anc)), ("sdpa_mask", sdpa),
+                   ("sdpa_gqa_mask", sdpa_gqa)]}
             kv_bytes = 2 * B * Hkv * (P + N) * hd * q.element_size()
             rows.append({"prefix": P, "nodes": N, "max_abs_err": err, **{f"{n}_ms": t for n, t in ms.items()},
                          "triton_kv_GBps": kv_bytes / ms["triton"] / 1e6})

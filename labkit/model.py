@@ -110,10 +110,8 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)               # (B, Hkv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_all, v_all = cache.write(layer, k, v)                                         # (B, Hkv, S, hd)
-        groups = self.n_heads // self.n_kv_heads
-        k_all = k_all.repeat_interleave(groups, dim=1)                                  # (B, H, S, hd)
-        v_all = v_all.repeat_interleave(groups, dim=1)                                  # (B, H, S, hd)
-        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)             # (B, H, T, hd)
+        # grouped-query attention: each K/V head serves H / Hkv query heads, read in place (no repeated copy)
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)  # (B, H, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 

@@ -69,11 +69,13 @@ class StaticDecoder:
         run = dec.generate(prompt_ids, max_new_tokens=256)     # run.tokens, run.tokens_per_s
 
     compile: torch.compile the one-token step (`compile_backend`, default inductor; "eager" only
-    traces it, which is what the CPU tests check). cuda_graph: capture the step once (CUDA only).
+    traces it, which is what the CPU tests check); `compile_options` go to inductor, e.g. gpt-fast's
+    {"coordinate_descent_tuning": True}, which tunes each generated kernel's block sizes by timing
+    them (slower to compile). cuda_graph: capture the step once (CUDA only).
     """
 
     def __init__(self, model: Transformer, max_len: int, compile: bool = False, cuda_graph: bool = False,
-                 compile_backend: str = "inductor"):
+                 compile_backend: str = "inductor", compile_options: dict | None = None):
         if cuda_graph and model.device.type != "cuda":
             raise ValueError("cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on "
                              f"{model.device.type}")
@@ -86,7 +88,10 @@ class StaticDecoder:
         self.step_slot = self.cache.slots   # (1,) the decode step's slot: the tensor a captured graph reads
         self.step_token = torch.zeros(1, 1, dtype=torch.long, device=p.device)  # (1, 1) its input token
         step = lambda: static_forward(self.model, self.cache, self.step_token)  # noqa: E731
-        self._step = torch.compile(step, backend=compile_backend, fullgraph=True) if compile else step
+        if compile_options and not compile:
+            raise ValueError("compile_options only apply to a compiled step: pass compile=True with them")
+        self._step = (torch.compile(step, backend=compile_backend, fullgraph=True, options=compile_options)
+                      if compile else step)
         self._graph, self._graph_logits, self._warm = None, None, False
 
     @torch.no_grad()

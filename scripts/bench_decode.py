@@ -1,9 +1,9 @@
-"""How close does decoding get to the memory wall? Eager vs CUDA graph vs torch.compile + CUDA graph.
+"""How close does decoding get to the memory wall? Eager vs CUDA graph vs torch.compile (+ tuning) + CUDA graph.
 
-For each model shape, greedy decoding of `--new-tokens` tokens after a random prompt, three ways,
+For each model shape, greedy decoding of `--new-tokens` tokens after a random prompt, four ways,
 one after the other in one process: labkit's eager loop (`autoregressive_generate`), the static
 cache replayed as a CUDA graph, and the static cache compiled by inductor and replayed as a CUDA
-graph (labkit/static_decode.py). Achieved bandwidth = bytes a step must move (`labkit.hw.decode_cost`: every
+graph (labkit/static_decode.py), without and with gpt-fast's coordinate-descent tuning. Achieved bandwidth = bytes a step must move (`labkit.hw.decode_cost`: every
 linear weight once, one embedding row, the KV slots attended and written) x steps/s, as a
 fraction of the peak NVML reports (2 x max memory clock x bus width) and of a measured copy. An
 NVML sampler records the DRAM bandwidth utilisation (GPM, Hopper) during each run as a cross-check.
@@ -59,7 +59,10 @@ def bench_shape(name: str, prompt_len: int, new_tokens: int, peak_bw: float | No
     ref_tokens = None
     modes = [("labkit eager (autoregressive_generate)", None),
              ("static cache + CUDA graph", dict(compile=False, cuda_graph=True)),
-             ("static cache + torch.compile + CUDA graph", dict(compile=True, cuda_graph=True))]
+             ("static cache + torch.compile + CUDA graph", dict(compile=True, cuda_graph=True)),
+             # gpt-fast's inductor setting: each generated kernel's launch parameters tuned by timing them
+             ("static cache + torch.compile (coordinate-descent tuned) + CUDA graph",
+              dict(compile=True, cuda_graph=True, compile_options={"coordinate_descent_tuning": True}))]
     for label, opts in tqdm(modes, desc=name):
         if opts is None:
             autoregressive_generate(model, prompt, max_new_tokens=8)                     # warm-up
@@ -117,7 +120,7 @@ def plot(result: dict, path: Path) -> None:
     for ax, s in zip(axes[0], shapes):
         labels = [r["mode"].replace(" + ", "\n+ ").replace(" (", "\n(") for r in s["rows"]]
         vals = [r["achieved_bandwidth"] / 1e12 for r in s["rows"]]
-        bars = ax.bar(range(len(vals)), vals, color=["C7", "C1", "C2"][:len(vals)])
+        bars = ax.bar(range(len(vals)), vals, color=["C7", "C1", "C2", "C3"][:len(vals)])
         for b, r in zip(bars, s["rows"]):
             ax.annotate(f"{r['tokens_per_s']:.0f} tok/s", (b.get_x() + b.get_width() / 2, b.get_height()),
                         ha="center", va="bottom", fontsize=8)

@@ -24,11 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def markdown(result: dict) -> str:
     lines = [f"# Triton kernels on {result['device']} ({result['date']})", "",
              "Tree attention, bf16, B=1, 12 query heads / 2 key-value heads, head_dim 128 (median ms):", "",
-             "| prefix | nodes | triton | torch ref | SDPA + bool mask | max abs err | triton KV GB/s |",
-             "|---|---|---|---|---|---|---|"]
+             "| prefix | nodes | triton | torch ref | SDPA + bool mask | SDPA + bool mask, enable_gqa | max abs err "
+             "| triton KV GB/s |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in result["tree_attention"]:
+        gqa = f"{r['sdpa_gqa_mask_ms']:.3f}" if "sdpa_gqa_mask_ms" in r else "-"     # runs before it was measured
         lines.append(f"| {r['prefix']} | {r['nodes']} | {r['triton_ms']:.3f} | {r['torch_ref_ms']:.3f} | "
-                     f"{r['sdpa_mask_ms']:.3f} | {r['max_abs_err']:.1e} | {r['triton_kv_GBps']:.0f} |")
+                     f"{r['sdpa_mask_ms']:.3f} | {gqa} | {r['max_abs_err']:.1e} | {r['triton_kv_GBps']:.0f} |")
     lines += ["", "Acceptance, K=8, V=151,936 (median ms):", "",
               "| B | greedy triton | greedy torch | sampled triton | sampled torch |", "|---|---|---|---|---|"]
     for r in result["acceptance"]:
@@ -46,7 +48,10 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(prefixes), figsize=(3.2 * len(prefixes), 3.4), sharey=True)
     for ax, P in zip(axes, prefixes):
         sub = [r for r in rows if r["prefix"] == P]
-        for key, label in [("triton_ms", "Triton"), ("torch_ref_ms", "torch ref"), ("sdpa_mask_ms", "SDPA + mask")]:
+        for key, label in [("triton_ms", "Triton"), ("torch_ref_ms", "torch ref"), ("sdpa_mask_ms", "SDPA + mask"),
+                           ("sdpa_gqa_mask_ms", "SDPA + mask, enable_gqa")]:
+            if key not in sub[0]:
+                continue
             ax.plot([r["nodes"] for r in sub], [r[key] for r in sub], "o-", label=label)
         ax.set(xscale="log", yscale="log", xlabel="tree nodes N", title=f"prefix {P}")
     axes[0].set_ylabel("ms")

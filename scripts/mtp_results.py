@@ -5,10 +5,13 @@ never trained on) with the model's own next-token head autoregressively and self
 interleaved prompt by prompt in this one process (one thread); Gloeckle models also draft a tree
 from their heads' top-k (labkit/drafters/mtp_tree.py) at several node budgets. Writes
 data/mtp/results.json, data/mtp/results.md and data/mtp/heldout.txt (the validation windows the
-tests re-evaluate). Run: `python scripts/mtp_results.py` (about 18 minutes).
+tests re-evaluate). Run: `python scripts/mtp_results.py` (about 25 minutes);
+`python scripts/mtp_results.py --models NAME ...` re-measures those models alone and keeps the
+other rows of results.json (each row's timings are its own side-by-side AR vs speculative runs).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -27,7 +30,7 @@ from labkit.tree_decoding import tree_generate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
 MODELS = ["next", "gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "next_600", "gloeckle4_600", "gloeckle4_w01_600",
-          "deepseek3_600", "next_988", "next_1041"]
+          "deepseek3_600", "next_988", "next_1041", "gloeckle4_w01_600_t10", "gloeckle4_w005_600_t10", "next_778_t10"]
 N_PROMPTS, PROMPT_LEN, NEW_TOKENS, SAMPLE_TEMPERATURE = 12, 64, 128, 1.0
 TREE_BUDGETS, TREE_BUDGET, TOP_K = (4, 8, 16, 32), 16, 8   # tree nodes per step; the goal's budget; ranks per head
 
@@ -102,7 +105,16 @@ def decode_tree(model, prompts: list[str], topk_accuracy: torch.Tensor, budget: 
             "verify_ms_per_forward": 1e3 * verify_time / n_forwards, "speedup": ar_time / tree_time}
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", choices=MODELS, metavar="NAME",
+                    help="re-measure only these (of MODELS), keeping the other rows of data/mtp/results.json")
+    args = ap.parse_args(argv)
+    previous = {}
+    if args.models:
+        if not (DATA / "results.json").exists():
+            raise SystemExit("--models updates data/mtp/results.json, which is missing: run without --models first")
+        previous = json.loads((DATA / "results.json").read_text())["models"]
     torch.set_num_threads(1)
     corpus, _ = load_corpus()
     T = 256
@@ -112,6 +124,11 @@ def main() -> None:
     prompts = heldout_prompts(corpus.val, val_bytes)
     rows = {}
     for name in tqdm(MODELS, desc="models"):
+        if args.models and name not in args.models:
+            if name not in previous:
+                raise SystemExit(f"results.json has no row for {name}: re-measure it too (--models ... {name})")
+            rows[name] = previous[name]
+            continue
         model, meta = load_checkpoint(DATA / name)
         topk_accuracy = head_topk_accuracy(model, windows[:32], T, TOP_K)                  # (n, k)
         rows[name] = {"kind": model.cfg.kind, "n_future": model.cfg.n_future, "params": meta["params"],
@@ -122,13 +139,16 @@ def main() -> None:
                       "train_flops": meta["train_flops"],
                       "train_seconds": meta["train_seconds"], "train_seconds_per_step": meta["seconds_per_step"],
                       "steps": meta["train"]["steps"], "precision": meta["train"]["precision"],
+                      "n_trunk": model.cfg.n_trunk, "trunk": trunk_shape(model.cfg),
                       **decode_side_by_side(model, prompts)}
         if model.cfg.kind == "gloeckle":
             rows[name]["tree"] = {str(b): decode_tree(model, prompts, topk_accuracy, b)
                                   for b in tqdm(TREE_BUDGETS, desc=f"{name} trees", leave=False)}
     for row in rows.values():
+        row.pop("val_loss_vs_next", None), row.pop("val_loss_vs_next_compute", None)   # kept rows: computed afresh
         row["baseline"] = next_token_baseline(rows, row)
-        row["val_loss_vs_next"] = row["val_next_bits_per_byte"] / rows[row["baseline"]]["val_next_bits_per_byte"] - 1
+        if row["baseline"] is not None:
+            row["val_loss_vs_next"] = row["val_next_bits_per_byte"] / rows[row["baseline"]]["val_next_bits_per_byte"] - 1
         row["compute_baseline"] = equal_compute_baseline(rows, row)
         if row["compute_baseline"] is not None:
             row["val_loss_vs_next_compute"] = (row["val_next_bits_per_byte"]
@@ -141,13 +161,22 @@ def main() -> None:
     print(markdown(result))
 
 
-def next_token_baseline(rows: dict, row: dict) -> str:
-    """The next-token-only model trained on the same data the same way (steps, precision) as `row`."""
+def trunk_shape(cfg) -> list:
+    """What two models must share for their next-token losses to be compared: the trunk and its tokenizer."""
+    return [cfg.dim, cfg.n_trunk, cfg.n_heads, cfg.hidden_dim, cfg.vocab_size]
+
+
+def next_token_baseline(rows: dict, row: dict) -> str | None:
+    """The next-token-only model with the same trunk trained on the same data the same way (steps, precision), if any."""
     for name, other in rows.items():
-        if other["kind"] == "next" and (other["steps"], other["precision"]) == (row["steps"], row["precision"]):
+        if (other["kind"] == "next" and other["trunk"] == row["trunk"]
+                and (other["steps"], other["precision"]) == (row["steps"], row["precision"])):
             return name
-    raise ValueError(f"no next-token model trained for {row['steps']} steps in {row['precision']}: "
-                     "add one to MODELS (and train it) so the loss comparison is like for like")
+    return None
+
+
+def _vs_data(row: dict) -> str:
+    return f"{100 * row['val_loss_vs_next']:+.1f}%" if row["baseline"] else "-"
 
 
 def _vs_compute(row: dict) -> str:
@@ -155,9 +184,10 @@ def _vs_compute(row: dict) -> str:
 
 
 def equal_compute_baseline(rows: dict, row: dict) -> str | None:
-    """The next-token-only model trained in the same precision with the same training FLOPs (within 2%), if any."""
+    """The next-token-only model with the same trunk, trained in the same precision with the same training FLOPs
+    (within 2%), if any."""
     for name, other in rows.items():
-        if (other["kind"] == "next" and other["precision"] == row["precision"]
+        if (other["kind"] == "next" and other["trunk"] == row["trunk"] and other["precision"] == row["precision"]
                 and abs(other["train_flops"] / row["train_flops"] - 1) < 0.02):
             return name
     return None
@@ -165,7 +195,7 @@ def equal_compute_baseline(rows: dict, row: dict) -> str | None:
 
 def markdown(result: dict) -> str:
     rows = result["models"]
-    lines = ["# Multi-token prediction on Shakespeare bytes: same trunk, equal data and equal compute", "",
+    lines = ["# Multi-token prediction on Shakespeare bytes: equal data and equal compute", "",
              f"{len(result['prompts'])} held-out prompts of {result['prompt_len']} bytes (validation plays), "
              f"{result['new_tokens']} new bytes each, greedy; AR and self-speculative decoding timed alternately "
              "in one process, one CPU thread (`python scripts/mtp_results.py`). Tokens per forward = accepted + 1 "
@@ -177,20 +207,23 @@ def markdown(result: dict) -> str:
              "data*, the one trained on the same bytes for the same steps (`next` for the 300-step bf16-autocast "
              "models, `next_600` for the 600-step fp32 ones), and at *equal compute*, the one whose training FLOPs "
              "match (`next_988`: 988 steps cost what 600 steps of an n=4 Gloeckle model cost, its extra heads "
-             "included; `next_1041` for the 600-step DeepSeek model; the 300-step models have none). *train s/step* was measured on the machine each model was "
-             "trained on.", "",
-             "| model | steps | precision | params | train FLOPs/token | train s/step | val next-token bits/byte "
+             "included; `next_1041` for the 600-step DeepSeek model; the 300-step models have none). Models named `_t10` have a "
+             "10-layer trunk instead of 4: there an n=4 Gloeckle model's three extra head layers cost 30% more per token "
+             "instead of 65%, so its equal-compute next-token model (`next_778_t10`) gets 778 steps to its 600 (no "
+             "equal-data next-token model was trained for that trunk). Comparisons are always within one trunk. "
+             "*train s/step* was measured on the machine each model was trained on.", "",
+             "| model | trunk layers | steps | precision | params | train FLOPs/token | train s/step | val next-token bits/byte "
              "| vs next, equal data | vs next, equal compute | tokens/forward (greedy) | tokens/forward (T=1 sampled) "
              "| AR ms/token | self-spec ms/token | speedup |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():
-        trained = (f"| {name} | {r['steps']} | {r['precision']} | {r['params'] / 1e6:.2f}M "
+        trained = (f"| {name} | {r['n_trunk']} | {r['steps']} | {r['precision']} | {r['params'] / 1e6:.2f}M "
                    f"| {r['train_flops_per_token'] / 1e6:.1f}M | {r['train_seconds_per_step']:.2f} "
                    f"| {r['val_next_bits_per_byte']:.3f} ")
         if r["kind"] == "next":
             lines.append(trained + f"| - | - | 1 | 1 | {r['ar_ms_per_token']:.2f} | - | 1.00x |")
             continue
-        lines.append(trained + f"| {100 * r['val_loss_vs_next']:+.1f}% | {_vs_compute(r)} "
+        lines.append(trained + f"| {_vs_data(r)} | {_vs_compute(r)} "
                      f"| {r['tokens_per_forward']:.2f} | {r['sampled_tokens_per_forward']:.2f} "
                      f"| {r['ar_ms_per_token']:.2f} | {r['spec_ms_per_token']:.2f} | {r['speedup']:.2f}x |")
     lines += ["", "Where the time goes: one AR step (a 1-byte forward through trunk + next-token head) against one "
@@ -227,6 +260,9 @@ def markdown(result: dict) -> str:
         if r["n_future"] == 4:
             tree = r.get("tree", {}).get(budget)
             best = max(r["tokens_per_forward"], tree["tokens_per_forward"] if tree else 0.0)
+            if r["compute_baseline"] is None and r["baseline"] is None:
+                raise ValueError(f"{name}: no next-token model with its trunk trained for equal data or equal compute; "
+                                 "add one to MODELS (and train it) so the loss comparison is like for like")
             gap, versus = ((r["val_loss_vs_next_compute"], f"{r['compute_baseline']} (equal compute)")
                            if r["compute_baseline"] else (r["val_loss_vs_next"], f"{r['baseline']} (equal data)"))
             met = best >= 2.0 and gap <= 0.05

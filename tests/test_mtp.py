@@ -15,11 +15,10 @@ from labkit.mtp.train import WINDOW_EXTRA, load_checkpoint, train
 from conftest import tiny_mtp
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
-SHIPPED = ["gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "gloeckle4_600", "gloeckle4_w01_600", "deepseek3_600"]
+SHIPPED = ["gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "gloeckle4_600", "gloeckle4_w01_600", "deepseek3_600",
+           "gloeckle4_w01_600_t10", "gloeckle4_w005_600_t10"]
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 
 
 def grads(model):
@@ -98,7 +97,7 @@ def shipped(name):
     return load_checkpoint(DATA / name)
 
 
-@pytest.mark.parametrize("name", ["next", "next_600", "next_988", "next_1041"] + SHIPPED)
+@pytest.mark.parametrize("name", ["next", "next_600", "next_988", "next_1041", "next_778_t10"] + SHIPPED)
 def test_shipped_checkpoint_reproduces_its_validation_loss(name):
     model, meta = shipped(name)
     T = meta["train"]["seq_len"]
@@ -117,3 +116,26 @@ def test_shipped_checkpoint_greedy_self_speculative_equals_autoregressive(name):
         out = speculative_generate(*self_speculative(model), prompt, max_new_tokens=96, gamma=model.cfg.n_future - 1)
         assert out.tokens == ref.tokens
         assert out.trace.tokens_per_forward > 1.3, "a trained model's heads should get drafts accepted"
+
+
+def test_committed_loss_comparisons_are_like_for_like():
+    """results.md compares each model with next-token-only models of the same trunk: at equal data (same steps and
+    precision) and at equal compute (training FLOPs within 2%), read back from the shipped checkpoints' records."""
+    rows = json.loads((DATA / "results.json").read_text())["models"]
+    assert set(rows) >= set(SHIPPED)
+    for name, row in rows.items():
+        meta = json.loads((DATA / f"{name}.json").read_text())
+        assert row["trunk"][1] == meta["model"]["n_trunk"] and row["train_flops"] == meta["train_flops"]
+        for key in ("baseline", "compute_baseline"):
+            if row.get(key):
+                base = rows[row[key]]
+                assert base["kind"] == "next" and base["trunk"] == row["trunk"] and base["precision"] == row["precision"]
+        if row.get("baseline"):
+            assert rows[row["baseline"]]["steps"] == row["steps"]
+        if row.get("compute_baseline"):
+            assert rows[row["compute_baseline"]]["train_flops"] == pytest.approx(row["train_flops"], rel=0.02)
+            if row["kind"] != "next":                                              # a next-token model is its own
+                assert rows[row["compute_baseline"]]["steps"] > row["steps"]       # the heads' FLOPs bought steps
+    assert rows["gloeckle4_w01_600_t10"]["compute_baseline"] == rows["gloeckle4_w005_600_t10"]["compute_baseline"] \
+        == "next_778_t10"
+    assert rows["gloeckle4_w01_600"]["compute_baseline"] == "next_988"

@@ -52,14 +52,17 @@ def test_static_decoder_refuses_what_it_cannot_do(tiny_target):
         dec.generate(torch.arange(10), max_new_tokens=7)
     with pytest.raises(ValueError, match="exceeds the model's context"):
         StaticDecoder(tiny_target, max_len=tiny_target.max_seq_len + 1)
+    with pytest.raises(ValueError, match="pass compile=True"):
+        StaticDecoder(tiny_target, max_len=16, compile_options={"coordinate_descent_tuning": True})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and inductor's GPU code need a CUDA device")
-@pytest.mark.parametrize("compile", [False, True])
-def test_cuda_graph_greedy_equals_autoregressive_on_gpu(compile):
+@pytest.mark.parametrize("compile, options", [(False, None), (True, None),
+                                              (True, {"coordinate_descent_tuning": True})])
+def test_cuda_graph_greedy_equals_autoregressive_on_gpu(compile, options):
     model = tiny_model(seed=3).cuda()                                        # fp32: no bf16 rounding ties
     prompt = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
     ref = autoregressive_generate(model, prompt, max_new_tokens=24).tokens
-    dec = StaticDecoder(model, max_len=40, compile=compile, cuda_graph=True)
+    dec = StaticDecoder(model, max_len=40, compile=compile, cuda_graph=True, compile_options=options)
     assert dec.generate(prompt, max_new_tokens=24).tokens == ref
     assert dec.generate(prompt[:5], max_new_tokens=10).tokens == autoregressive_generate(model, prompt[:5], 10).tokens
