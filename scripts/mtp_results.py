@@ -145,7 +145,8 @@ def main(argv=None) -> None:
             rows[name]["tree"] = {str(b): decode_tree(model, prompts, topk_accuracy, b)
                                   for b in tqdm(TREE_BUDGETS, desc=f"{name} trees", leave=False)}
     for row in rows.values():
-        row.pop("val_loss_vs_next", None), row.pop("val_loss_vs_next_compute", None)   # kept rows: computed afresh
+        for gap in ("val_loss_vs_next", "val_loss_vs_next_compute"):      # rows kept by --models: computed afresh
+            row.pop(gap, None)
         row["baseline"] = next_token_baseline(rows, row)
         if row["baseline"] is not None:
             row["val_loss_vs_next"] = row["val_next_bits_per_byte"] / rows[row["baseline"]]["val_next_bits_per_byte"] - 1
