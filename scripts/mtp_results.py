@@ -139,7 +139,7 @@ def main(argv=None) -> None:
                       "train_flops": meta["train_flops"],
                       "train_seconds": meta["train_seconds"], "train_seconds_per_step": meta["seconds_per_step"],
                       "steps": meta["train"]["steps"], "precision": meta["train"]["precision"],
-                      "n_trunk": model.cfg.n_trunk, "trunk": trunk_shape(model.cfg),
+                      "trunk": trunk_shape(model.cfg),
                       **decode_side_by_side(model, prompts)}
         if model.cfg.kind == "gloeckle":
             rows[name]["tree"] = {str(b): decode_tree(model, prompts, topk_accuracy, b)
@@ -151,6 +151,9 @@ def main(argv=None) -> None:
         if row["baseline"] is not None:
             row["val_loss_vs_next"] = row["val_next_bits_per_byte"] / rows[row["baseline"]]["val_next_bits_per_byte"] - 1
         row["compute_baseline"] = equal_compute_baseline(rows, row)
+        if row["kind"] != "next" and row["baseline"] is None and row["compute_baseline"] is None:
+            raise ValueError(f"no next-token model with the trunk of {row['trunk']} trained for equal data or equal "
+                             "compute: add one to MODELS (and train it) so the loss comparison is like for like")
         if row["compute_baseline"] is not None:
             row["val_loss_vs_next_compute"] = (row["val_next_bits_per_byte"]
                                                / rows[row["compute_baseline"]]["val_next_bits_per_byte"] - 1)
@@ -162,9 +165,9 @@ def main(argv=None) -> None:
     print(markdown(result))
 
 
-def trunk_shape(cfg) -> list:
+def trunk_shape(cfg) -> dict:
     """What two models must share for their next-token losses to be compared: the trunk and its tokenizer."""
-    return [cfg.dim, cfg.n_trunk, cfg.n_heads, cfg.hidden_dim, cfg.vocab_size]
+    return {key: getattr(cfg, key) for key in ("dim", "n_trunk", "n_heads", "hidden_dim", "vocab_size")}
 
 
 def next_token_baseline(rows: dict, row: dict) -> str | None:
@@ -218,7 +221,7 @@ def markdown(result: dict) -> str:
              "| AR ms/token | self-spec ms/token | speedup |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in rows.items():
-        trained = (f"| {name} | {r['n_trunk']} | {r['steps']} | {r['precision']} | {r['params'] / 1e6:.2f}M "
+        trained = (f"| {name} | {r['trunk']['n_trunk']} | {r['steps']} | {r['precision']} | {r['params'] / 1e6:.2f}M "
                    f"| {r['train_flops_per_token'] / 1e6:.1f}M | {r['train_seconds_per_step']:.2f} "
                    f"| {r['val_next_bits_per_byte']:.3f} ")
         if r["kind"] == "next":
@@ -261,9 +264,6 @@ def markdown(result: dict) -> str:
         if r["n_future"] == 4:
             tree = r.get("tree", {}).get(budget)
             best = max(r["tokens_per_forward"], tree["tokens_per_forward"] if tree else 0.0)
-            if r["compute_baseline"] is None and r["baseline"] is None:
-                raise ValueError(f"{name}: no next-token model with its trunk trained for equal data or equal compute; "
-                                 "add one to MODELS (and train it) so the loss comparison is like for like")
             gap, versus = ((r["val_loss_vs_next_compute"], f"{r['compute_baseline']} (equal compute)")
                            if r["compute_baseline"] else (r["val_loss_vs_next"], f"{r['baseline']} (equal data)"))
             met = best >= 2.0 and gap <= 0.05

@@ -125,7 +125,7 @@ def test_committed_loss_comparisons_are_like_for_like():
     assert set(rows) >= set(SHIPPED)
     for name, row in rows.items():
         meta = json.loads((DATA / f"{name}.json").read_text())
-        assert row["trunk"][1] == meta["model"]["n_trunk"] and row["train_flops"] == meta["train_flops"]
+        assert row["trunk"]["n_trunk"] == meta["model"]["n_trunk"] and row["train_flops"] == meta["train_flops"]
         for key in ("baseline", "compute_baseline"):
             if row.get(key):
                 base = rows[row[key]]
