@@ -1,0 +1,196 @@
+"""labkit's CPU kernels for decoding, in C++, each beside its torch reference.
+
+- `packed_linear`: y = x W^T + b for the few rows of a decode or verify step. W is packed once
+  (`pack_linear`) into column blocks streamed in order, every row of the call reuses each weight
+  while it is in cache, and the next weights are prefetched during the arithmetic: a forward over
+  8 tokens reads the weights once, as a forward over 1 does. Reference: `torch.nn.functional.linear`.
+- `decode_attention`: T queries over a KV cache, one row at a time (grouped-query heads read each
+  key once, hidden slots skipped, softmax in fp32). Reference: `scaled_dot_product_attention`.
+- `rms_norm`, `rope`, `silu_mul`: a decoder layer's per-token operations, each fused into one call
+  that rounds where torch rounds. References: labkit.model's `rms_norm`, `apply_rope`, `swiglu`.
+
+Both are batch invariant: a row's output has the same bits whether it is computed alone or with
+63 others, so a k-token verify reproduces k one-token steps exactly, in bf16 as in fp32.
+
+The sources are compiled on first use, for this CPU (-march=native: AVX-512, AVX512_BF16 dot
+products where the CPU has them, else AVX2 + FMA), with torch's C++ extension builder (needs a
+C++ compiler and ninja) into labkit's cache, once per CPU, source and torch version.
+
+    python -m kernels.cpu          # build, check against the references, print what was built
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SOURCES = ("vec.h", "linear.cpp", "attention.cpp", "pointwise.cpp", "module.cpp")
+HEAD_DIMS = (64, 128, 256)          # decode_attention is compiled for these head sizes
+
+
+class KernelsUnavailable(RuntimeError):
+    """The CPU kernels cannot run here; the message says why (and what would fix it)."""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def isa(flags: set[str] | None = None) -> str:
+    """The vector ISA the kernels compile for on this CPU: 'avx512_bf16', 'avx512', 'avx2' or 'none'."""
+    flags = cpu_flags() if flags is None else flags
+    if "avx512f" in flags:
+        return "avx512_bf16" if "avx512_bf16" in flags else "avx512"
+    return "avx2" if {"avx2", "fma"} <= flags else "none"
+
+
+@lru_cache(maxsize=None)
+def _build_tag(march: str = "native") -> str:
+    """Changes whenever the sources, torch, the compiler, the CPU's features or -march do: a new build then."""
+    h = hashlib.sha256(march.encode())
+    for name in SOURCES:
+        h.update((Path(__file__).parent / name).read_bytes())
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    h.update(f"{torch.__version__}|{version}|{' '.join(sorted(cpu_flags()))}".encode())
+    return h.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    from labkit.hub import cache_dir
+    return cache_dir() / "kernels"
+
+
+@lru_cache(maxsize=None)
+def load(march: str = "native"):
+    """The compiled module (built on first call for this CPU); KernelsUnavailable when it cannot be.
+
+    march: gcc's -march; "native" (the default) for this CPU; the tests also build "haswell" (AVX2
+    + FMA) on an AVX-512 machine to check the AVX2 code."""
+    if platform.machine() not in ("x86_64", "AMD64") or isa() == "none":
+        raise KernelsUnavailable(f"labkit's CPU kernels need an x86-64 CPU with AVX2 and FMA (this is "
+                                 f"{platform.machine()}, ISA {isa()}): the reference path runs instead")
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        raise KernelsUnavailable("no C++ compiler (c++) on PATH to build labkit's CPU kernels: install g++ "
+                                 "(apt-get install g++), or use the reference path")
+    from torch.utils import cpp_extension
+    tag = _build_tag(march)
+    out = build_dir() / tag
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"labkit_cpu_{tag}"
+    if not any(out.glob(f"{name}*.so")):
+        what = f"this CPU ({isa()})" if march == "native" else f"-march={march}"
+        print(f"compiling labkit's CPU kernels for {what} (once, about a minute) ...", file=sys.stderr)
+    try:
+        return cpp_extension.load(
+            name=name, sources=[str(Path(__file__).parent / s) for s in SOURCES if s.endswith(".cpp")],
+            extra_cflags=["-O3", f"-march={march}", "-ffp-contract=off", "-fopenmp"], extra_ldflags=["-fopenmp"],
+            extra_include_paths=[str(Path(__file__).parent)], build_directory=str(out), verbose=False)
+    except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
+        errors = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()] or str(e).strip().splitlines()
+        raise KernelsUnavailable(f"building labkit's CPU kernels failed: {errors[0][:300]} (build files in {out}); "
+                                 "the reference path runs instead") from e
+
+
+def available() -> tuple[bool, str]:
+    """(True, ISA) when the kernels load here, else (False, why not)."""
+    try:
+        load()
+        return True, isa()
+    except KernelsUnavailable as e:
+        return False, str(e)
+
+
+def pack_linear(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) fp32 or bf16 -> the packed blocks `packed_linear` streams (done once, at load)."""
+    return load().pack_linear(weight.detach().contiguous())
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, n_out: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) -> (..., N) with the packed weight; fp32 x for fp32 weights, bf16 for bf16."""
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()                                   # (M, K)
+    return load().packed_linear(x2, packed, n_out, bias).view(*x.shape[:-1], n_out)
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference `packed_linear` must match."""
+    return F.linear(x, weight, bias)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """q (B, H, T, hd) over k, v (B, Hkv, S, hd), mask bool (T, S) or (B, 1, T, S) or None (all slots)."""
+    return load().decode_attention(q, k, v, mask, q.shape[-1] ** -0.5)
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference `decode_attention` must match: torch's attention, K/V heads shared by query groups."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return load().rms_norm(x, weight, eps)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, hd) rotated by cos, sin (B, 1, T, hd) -> a new contiguous (B, H, T, hd)."""
+    return load().rope(x, cos, sin)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    return load().silu_mul(gate_up)
+
+
+def rms_norm_ref(x, weight, eps):
+    from labkit.model import rms_norm as ref
+    return ref(x, weight, eps)
+
+
+def rope_ref(x, cos, sin):
+    from labkit.model import apply_rope
+    return apply_rope(x, cos, sin)
+
+
+def silu_mul_ref(gate_up):
+    from labkit.model import swiglu
+    return swiglu(gate_up)
+
+
+def _check() -> None:
+    ok, why = available()
+    if not ok:
+        raise SystemExit(why)
+    g = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+        w = torch.randn(300, 256, generator=g).to(dtype) * 0.05
+        b = torch.randn(300, generator=g).to(dtype)
+        x = torch.randn(7, 256, generator=g).to(dtype)
+        err = (packed_linear(x, pack_linear(w), 300, b).float() - linear_ref(x, w, b).float()).abs().max().item()
+        q, kv = torch.randn(1, 4, 3, 64, generator=g).to(dtype), torch.randn(2, 1, 2, 20, 64, generator=g).to(dtype)
+        mask = torch.ones(3, 20, dtype=torch.bool).tril(17)
+        aerr = (decode_attention(q, kv[0], kv[1], mask).float() - attention_ref(q, kv[0], kv[1], mask).float()).abs().max()
+        print(f"{str(dtype):15s} linear max |err| {err:.2e}, attention {aerr:.2e} (tolerance {tol})")
+        assert err < tol * 10 and aerr < tol, "the CPU kernels disagree with their references"
+    print(f"labkit CPU kernels OK: {isa()}, bf16 dot products: {load().have_bf16_dot()}, "
+          f"{load().block_columns()} columns per block, built in {build_dir()}")
+
+
+if __name__ == "__main__":
+    _check()

@@ -1,0 +1,3 @@
+from . import _check
+
+_check()

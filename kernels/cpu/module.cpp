@@ -1,0 +1,23 @@
+// The Python module: kernels/cpu/__init__.py builds it on first use with -march=native.
+#include <torch/extension.h>
+
+torch::Tensor pack_linear(torch::Tensor w);
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor wp, int64_t N, c10::optional<torch::Tensor> bias);
+bool have_bf16_dot();
+int64_t block_columns();
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
+                               double scale);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pack_linear", &pack_linear, "pack an (N, K) weight once for packed_linear");
+  m.def("packed_linear", &packed_linear, "y (M, N) = x (M, K) W^T + b with a packed W");
+  m.def("have_bf16_dot", &have_bf16_dot, "whether bf16 weights use AVX512_BF16 dot products");
+  m.def("block_columns", &block_columns, "output columns per packed weight block");
+  m.def("decode_attention", &decode_attention, "per-row attention of T queries over a KV cache");
+  m.def("rms_norm", &rms_norm, "weight * x / rms(x), rounding as model.RMSNorm does");
+  m.def("rope", &rope, "rotary position embedding of (B, H, T, hd)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused (..., 2F) gate-up projection");
+}

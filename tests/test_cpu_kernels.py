@@ -1,0 +1,140 @@
+"""labkit's C++ CPU kernels (kernels/cpu) against their torch references.
+
+The kernels build on any x86-64 CPU with AVX2 + FMA and a C++ compiler, so on such a machine
+(CI's included) these tests run rather than skip. The AVX2 code is also built and checked on an
+AVX-512 machine (-march=haswell), so both vector widths are tested wherever the suite runs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu
+
+ok, why = cpu.available()
+pytestmark = pytest.mark.skipif(not ok, reason=f"labkit's CPU kernels do not build here: {why}")
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, dtype) -> float:
+    """Max |a - b| relative to max |b|."""
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(1, 64, 64), (3, 300, 256), (8, 1000, 96), (13, 65, 130), (64, 192, 512),
+                                   (2, 7, 33)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_f_linear(dtype, M, N, K, bias):
+    w = rand(N, K, dtype=dtype, scale=0.05)
+    b = rand(N, dtype=dtype, seed=1) if bias else None
+    x = rand(M, K, dtype=dtype, seed=2)
+    y = cpu.packed_linear(x, cpu.pack_linear(w), N, b)
+    assert y.shape == (M, N) and y.dtype == dtype
+    assert close(y, cpu.linear_ref(x, w, b), dtype) < TOL[dtype]
+
+
+def test_packed_linear_keeps_leading_dims_and_rejects_a_wrong_width():
+    w = rand(40, 64, scale=0.1)
+    x = rand(2, 5, 64, seed=3)
+    packed = cpu.pack_linear(w)
+    assert torch.equal(cpu.packed_linear(x, packed, 40), cpu.packed_linear(x.reshape(10, 64), packed, 40).view(2, 5, 40))
+    with pytest.raises(RuntimeError):
+        cpu.packed_linear(rand(3, 63), packed, 40)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_is_batch_invariant(dtype):
+    """Row i of a 37-row product has the same bits as row i computed alone: verify == k single steps."""
+    w, b = rand(520, 384, dtype=dtype, scale=0.05), rand(520, dtype=dtype, seed=1)
+    x = rand(37, 384, dtype=dtype, seed=4)
+    packed = cpu.pack_linear(w)
+    together = cpu.packed_linear(x, packed, 520, b)
+    alone = torch.cat([cpu.packed_linear(x[i:i + 1], packed, 520, b) for i in range(37)])
+    assert torch.equal(together, alone)
+
+
+def test_packed_weight_unpacks_to_the_original():
+    from labkit.backends import PackedLinear
+    for dtype in (torch.float32, torch.bfloat16):
+        linear = torch.nn.Linear(130, 75, dtype=dtype)
+        assert torch.equal(PackedLinear(linear).weight, linear.weight.detach())
+
+
+def causal_mask(T, S):
+    """T new tokens at the end of S slots: row i sees slots 0 .. S - T + i."""
+    return torch.ones(T, S, dtype=torch.bool).tril(S - T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hd", cpu.HEAD_DIMS)
+@pytest.mark.parametrize("H,Hkv,T,S", [(4, 4, 1, 9), (12, 2, 5, 40), (2, 1, 17, 17)])
+def test_decode_attention_matches_sdpa(dtype, hd, H, Hkv, T, S):
+    q, k, v = rand(2, H, T, hd, dtype=dtype), rand(2, Hkv, S, hd, dtype=dtype, seed=1), rand(2, Hkv, S, hd, dtype=dtype, seed=2)
+    mask = causal_mask(T, S)
+    assert close(cpu.decode_attention(q, k, v, mask), cpu.attention_ref(q, k, v, mask), dtype) < TOL[dtype] * 2
+    assert close(cpu.decode_attention(q, k, v), cpu.attention_ref(q, k, v), dtype) < TOL[dtype] * 2
+
+
+def test_decode_attention_tree_mask_per_batch_and_a_strided_cache_view():
+    """A (B, 1, T, S) mask with holes (a token tree) over the first S slots of a longer cache."""
+    q = rand(2, 4, 6, 64)
+    k_cache, v_cache = rand(2, 2, 50, 64, seed=1), rand(2, 2, 50, 64, seed=2)
+    k, v = k_cache[:, :, :30], v_cache[:, :, :30]                            # views, not contiguous
+    g = torch.Generator().manual_seed(5)
+    mask = torch.rand(2, 1, 6, 30, generator=g) < 0.5
+    mask[..., 0] = True                                                      # every row sees something
+    ref = cpu.attention_ref(q, k.contiguous(), v.contiguous(), mask)
+    assert close(cpu.decode_attention(q, k, v, mask), ref, torch.float32) < TOL[torch.float32]
+
+
+def test_decode_attention_is_batch_invariant():
+    q, k, v = rand(1, 8, 9, 128), rand(1, 2, 40, 128, seed=1), rand(1, 2, 40, 128, seed=2)
+    mask = causal_mask(9, 40)
+    together = cpu.decode_attention(q, k, v, mask)
+    alone = torch.cat([cpu.decode_attention(q[:, :, i:i + 1], k, v, mask[i:i + 1]) for i in range(9)], 2)
+    assert torch.equal(together, alone)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_pointwise_kernels_match_the_model(dtype):
+    x, w = rand(3, 5, 256, dtype=dtype), rand(256, dtype=dtype, seed=1)
+    assert close(cpu.rms_norm(x, w, 1e-6), cpu.rms_norm_ref(x, w, 1e-6), dtype) < TOL[dtype] / 2
+    gate_up = rand(4, 512, dtype=dtype, seed=2)
+    assert close(cpu.silu_mul(gate_up), cpu.silu_mul_ref(gate_up), dtype) < TOL[dtype] / 2
+    from labkit.model import rope_cos_sin
+    cos, sin = rope_cos_sin(torch.arange(3, 10).view(1, 7), 64, 1e6, dtype)   # (1, 1, 7, 64)
+    q = rand(1, 2, 7, 64, dtype=dtype, seed=3)
+    assert close(cpu.rope(q, cos, sin), cpu.rope_ref(q, cos, sin), dtype) < TOL[dtype] / 2
+
+
+def test_the_avx2_build_matches_too():
+    """The AVX2 + FMA code (what an AVX2-only CPU runs), built here with -march=haswell."""
+    try:
+        avx2 = cpu.load("haswell")
+    except cpu.KernelsUnavailable as e:
+        pytest.skip(str(e))
+    assert not avx2.have_bf16_dot()
+    for dtype in (torch.float32, torch.bfloat16):
+        w, x = rand(200, 160, dtype=dtype, scale=0.05), rand(9, 160, dtype=dtype, seed=1)
+        y = avx2.packed_linear(x, avx2.pack_linear(w), 200, None)
+        assert close(y, cpu.linear_ref(x, w), dtype) < TOL[dtype]
+        q, k, v = rand(1, 4, 3, 64, dtype=dtype), rand(1, 2, 12, 64, dtype=dtype, seed=1), rand(1, 2, 12, 64, dtype=dtype, seed=2)
+        att = avx2.decode_attention(q, k, v, causal_mask(3, 12), 64 ** -0.5)
+        assert close(att, cpu.attention_ref(q, k, v, causal_mask(3, 12)), dtype) < TOL[dtype] * 2
+
+
+def test_kernels_unavailable_says_why(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    cpu.load.cache_clear()
+    try:
+        with pytest.raises(cpu.KernelsUnavailable, match="no C\\+\\+ compiler"):
+            cpu.load("x86-64-v3")
+    finally:
+        cpu.load.cache_clear()
