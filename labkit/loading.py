@@ -5,6 +5,10 @@ else goes to transformers unchanged, so a user with internet points the lab at a
 model. Llama/Qwen2-family checkpoints run on labkit's own `Transformer` (explicit cache,
 mask and positions); other architectures run through `HFCausalLM`, the same interface over
 transformers (chain verification and cache crop; no tree masks).
+
+On a CPU, labkit's Transformer then runs the forward path this machine measured fastest
+(`labkit.calibrate`: the packed CPU kernels where they build, else oneDNN or the reference);
+on a GPU it runs the reference modules there. `backend=` and `device=` override both.
 """
 from __future__ import annotations
 
@@ -15,12 +19,15 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from .backends import PATHS, QUANTIZED, ForwardPath, apply_path, precision_of
 from .hub import ModelFetchError, resolve_model
 from .model import ModelArgs, Transformer, fuse_hf_weights
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
           "fp16": torch.float16, "float16": torch.float16}
-BACKENDS = ("auto", "native", "hf")
+# native: labkit's Transformer on the path this machine measured fastest; a path name forces that path
+BACKENDS = ("auto", "native", "hf", *PATHS)
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
@@ -30,6 +37,12 @@ class LoadedModel:
     name: str
     backend: str              # "native" or "hf"
     eos_token_ids: tuple[int, ...] = ()   # the tokenizer's and the generation config's (chat turns end)
+    calibration: object = None            # calibrate.PathChoice when the path was chosen by measuring
+
+    @property
+    def path(self) -> ForwardPath:
+        """The kernels, weight precision and device its forward runs with."""
+        return self.model.path
 
 
 class HFCache:
@@ -61,6 +74,10 @@ class HFCausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.hf.device
 
+    @property
+    def path(self) -> ForwardPath:
+        return ForwardPath("transformers", precision_of(self.hf.dtype), self.device.type)
+
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> HFCache:
         from transformers import DynamicCache
         return HFCache(DynamicCache(config=self.hf.config), max_len or self.max_seq_len)
@@ -88,8 +105,8 @@ def load_native(path: Path, dtype: torch.dtype, max_seq_len: int) -> Transformer
                               "or point at a directory saved with save_pretrained")
     state = {}
     for f in files:
-        try:
-            state.update({k: v.to(dtype) for k, v in load_file(f).items()})
+        try:   # own copies in `dtype`: tensors left on the file's memory map would keep all of it mapped
+            state.update({k: v.to(dtype, copy=True) for k, v in load_file(f).items()})
         except Exception as e:  # safetensors raises its own error types for truncated or garbled files
             raise ModelFetchError(f"{f} is corrupted ({e}): delete {path} and run `python -m labkit fetch` "
                                   "again (or re-save the checkpoint)") from e
@@ -109,17 +126,37 @@ def load_native(path: Path, dtype: torch.dtype, max_seq_len: int) -> Transformer
 
 
 def load_model(name_or_path: str, dtype: str | torch.dtype = "bf16", backend: str = "auto",
-               max_seq_len: int = 4096, device: str = "cpu", progress: bool = True) -> LoadedModel:
-    """A preset key (see hub.PRESETS), a local transformers directory, or a Hub id -> model + tokenizer."""
+               max_seq_len: int = 4096, device: str = "auto", progress: bool = True) -> LoadedModel:
+    """A preset key (see hub.PRESETS), a local transformers directory, or a Hub id -> model + tokenizer.
+
+    dtype: the weights' precision, fp32 / bf16 / fp16, or int8 / int4 (weight-only, bf16
+    activations; labkit's Transformer on a CPU only: meant for draft models).
+    backend: auto (labkit's Transformer where it covers the architecture, else transformers),
+    native, hf, or a forward path (reference / onednn / packed) to skip the calibration.
+    device: auto (CUDA when torch sees a GPU, else the CPU), cpu or cuda.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no GPU here: use device='auto' or 'cpu'")
+    quantized = dtype if dtype in QUANTIZED else None
+    if quantized:
+        if backend == "hf" or device != "cpu":
+            raise ValueError(f"{dtype} weights need labkit's model on a CPU (backend other than 'hf', device 'cpu')")
+        dtype = "bf16"
     if isinstance(dtype, str):
         if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+            raise ValueError(f"dtype must be one of {sorted(DTYPES) + list(QUANTIZED)}, got {dtype!r}")
         dtype = DTYPES[dtype]
     if max_seq_len < 2:
         raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
+    if device != "cpu" and backend in ("onednn", "packed"):
+        raise ValueError(f"the {backend} path runs on a CPU; on {device} use backend='reference' (or 'auto')")
     source = resolve_model(name_or_path, progress=progress)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -128,17 +165,56 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "bf16", backend: st
         raise ModelFetchError(f"could not load {name_or_path!r} ({source}): {e}\nUse a preset "
                               "(python -m labkit models), a local directory with config.json, or a Hub id "
                               "(needs internet).") from e
-    model, backend_used = None, "native"
-    if backend == "native" or (backend == "auto" and config.get("model_type") in ("llama", "qwen2")):
+    model, backend_used, choice = None, "native", None
+    if backend != "hf" and (backend != "auto" or config.get("model_type") in ("llama", "qwen2")):
         try:
             model = load_native(_local_dir(source), dtype, max_seq_len)
         except NotImplementedError:   # e.g. RoPE scaling: fall back to transformers under "auto"
-            if backend == "native":
+            if backend != "auto" or quantized:
                 raise
     if model is None:
         hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         model, backend_used = HFCausalLM(hf, min(max_seq_len, config.get("max_position_embeddings", max_seq_len))), "hf"
-    return LoadedModel(model.to(device), tokenizer, name_or_path, backend_used, _eos_ids(source, tokenizer))
+    elif device == "cpu":
+        precision = quantized or precision_of(dtype)
+        path = backend if backend in PATHS else None
+        if path is None:
+            from .calibrate import choose_path
+            choice = choose_path(model.args, precision)
+            path = choice.path
+        apply_path(model, path, precision)
+    elif backend not in ("auto", "native", "reference"):
+        raise ValueError(f"the {backend} path runs on a CPU, not on {device}")
+    return LoadedModel(model.to(device), tokenizer, name_or_path, backend_used, _eos_ids(source, tokenizer), choice)
+
+
+def draft_precision(name_or_path: str, target: LoadedModel, asked: str = "auto") -> str:
+    """The precision to load a draft model in: `asked`, or for "auto" the one whose one-token forward
+    is fastest on this machine (calibrate.choose_precision) where labkit's model runs it on a CPU, else
+    the target's. A draft only has to be approximately right: the target decides every token."""
+    if asked != "auto":
+        if asked not in ("fp32", "bf16", "fp16", *QUANTIZED):
+            raise ValueError(f"draft precision must be auto, fp32, bf16, fp16, int8 or int4, got {asked!r}")
+        return asked
+    target_precision = target.path.precision if target.path.precision in DTYPES else "bf16"
+    if target.backend != "native" or target.path.device != "cpu":
+        return target_precision
+    cfg = json.loads((Path(_local_dir(resolve_model(name_or_path, progress=False))) / "config.json").read_text())
+    try:
+        args = ModelArgs.from_hf_config(cfg)
+    except NotImplementedError:
+        return target_precision
+    from .calibrate import choose_precision
+    return choose_precision(args).precision
+
+
+def load_draft(name_or_path: str, target: LoadedModel, precision: str = "auto", backend: str = "auto",
+               max_seq_len: int = 4096, progress: bool = True) -> LoadedModel:
+    """A draft model for `target`: its own precision (see draft_precision), the target's device and tokenizer."""
+    precision = draft_precision(name_or_path, target, precision)
+    draft = load_model(name_or_path, precision, backend, max_seq_len, target.path.device, progress)
+    check_same_tokenizer(target, draft)
+    return draft
 
 
 def _local_dir(source: str) -> Path:

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .backends import ForwardPath, SDPAttention
 from .kv_cache import KVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -67,6 +68,13 @@ class ModelArgs:
         )
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / rms(x) over the last dim, normalised in fp32 as transformers does."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -74,9 +82,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()                                            # normalise in fp32, as transformers does
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -93,6 +99,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+class Rotary(nn.Module):
+    """RoPE on the queries and keys (a module so that a forward path can swap in a fused kernel)."""
+
+    def forward(self, q, k, cos, sin):
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of a fused (..., 2F) gate-up projection."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class SwiGLU(nn.Module):
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return swiglu(gate_up)
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -100,6 +124,8 @@ class Attention(nn.Module):
         # q, k and v in one matmul (gpt-fast's wqkv): one weight read, one call instead of three
         self.qkv_proj = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim, bias=args.qkv_bias)
         self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=args.o_bias)
+        self.rope = Rotary()
+        self.core = SDPAttention()      # softmax(q k^T / sqrt(hd)) v; a forward path may swap in its own kernel
 
     def forward(self, x, cos, sin, cache: KVCache, layer: int, mask: torch.Tensor | None):
         B, T, _ = x.shape
@@ -108,23 +134,22 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)                  # (B, H, T, hd)
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)               # (B, Hkv, T, hd)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)               # (B, Hkv, T, hd)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rope(q, k, cos, sin)
         k_all, v_all = cache.write(layer, k, v)                                         # (B, Hkv, S, hd)
         # grouped-query attention: each K/V head serves H / Hkv query heads, read in place (no repeated copy)
-        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)  # (B, H, T, hd)
+        y = self.core(q, k_all, v_all, mask)                                            # (B, H, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.hidden_dim = args.hidden_dim
         self.gate_up_proj = nn.Linear(args.dim, 2 * args.hidden_dim, bias=False)       # gate and up, one matmul
+        self.act = SwiGLU()
         self.down_proj = nn.Linear(args.hidden_dim, args.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.hidden_dim, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 def fuse_hf_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -170,6 +195,12 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.forward_path = ForwardPath()   # which kernels run it (backends.apply_path swaps them)
+
+    @property
+    def path(self) -> ForwardPath:
+        """The kernels and weight precision this model's forward runs with (see backends.py)."""
+        return self.forward_path.filled(self.embed_tokens.weight)
 
     @property
     def vocab_size(self) -> int:

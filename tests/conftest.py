@@ -94,15 +94,16 @@ def save_tiny_checkpoint(path, model_type: str = "qwen2", vocab_size: int = 128,
     """A random transformers checkpoint with a character-level tokenizer, saved like a Hub model."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
     config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[model_type]
-    config = config_cls(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                        tie_word_embeddings=model_type == "qwen2", eos_token_id=1, bos_token_id=0,
-                        **({"attention_bias": True} if model_type == "llama" else {}), **cfg)
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256)
+    config = config_cls(vocab_size=vocab_size, tie_word_embeddings=model_type == "qwen2", eos_token_id=1,
+                        bos_token_id=0, **({"attention_bias": True} if model_type == "llama" else {}),
+                        **{**shape, **cfg})
     torch.manual_seed(seed)
     hf = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
         for p in hf.parameters():   # larger weights than the default init: peaked distributions
-            p.normal_(0, 0.15) if p.dim() > 1 else p.normal_(1.0 if p.dim() == 1 and p.shape[0] == 64 else 0, 0.05)
+            p.normal_(0, 0.15) if p.dim() > 1 else p.normal_(1.0 if p.dim() == 1 and p.shape[0] == config.hidden_size else 0, 0.05)
     hf.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return hf.eval()

@@ -182,10 +182,10 @@ def test_conversion_of_a_real_tiny_gguf(tmp_path, monkeypatch):
     assert prov["gguf_sha256"] == hashlib.sha256(data).hexdigest() and prov["source_packages"] == reqs
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
-    assert model.dtype == torch.bfloat16 and "quantization_config" not in json.loads((hub.converted_dir("tiny") /
+    assert model.dtype == torch.float32 and "quantization_config" not in json.loads((hub.converted_dir("tiny") /
                                                                                     "config.json").read_text())
     assert tok.decode(tok("ab cd").input_ids) == "ab cd" and tok.eos_token == "<|im_end|>"
-    ref = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.bfloat16)
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32)
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, ref(ids).logits), "the saved weights are the dequantized ones"
@@ -201,9 +201,11 @@ def test_resolve_model_uses_a_finished_conversion_only(fake, monkeypatch):
     out.mkdir(parents=True)
     (out / "config.json").write_text("{}")     # half-written: no marker yet
     assert hub.resolve_model(name) == str(out) and converted == [name]
-    (out / hub.MARKER).write_text(json.dumps({"preset": name}))
+    (out / hub.MARKER).write_text(json.dumps({"preset": name, "dtype": "bfloat16"}))
+    assert hub.resolve_model(name) == str(out) and converted == [name, name], "a bf16 conversion is redone in fp32"
+    (out / hub.MARKER).write_text(json.dumps({"preset": name, "dtype": hub.CONVERT_DTYPE}))
     t = time.perf_counter()
-    assert hub.resolve_model(name) == str(out) and converted == [name], "a finished conversion is reused"
+    assert hub.resolve_model(name) == str(out) and converted == [name, name], "a finished conversion is reused"
     assert time.perf_counter() - t < 0.1
 
 

@@ -1,0 +1,292 @@
+"""Forward paths: which kernels labkit's Transformer runs its linear layers and attention with.
+
+model.py is the reference, written with nn.Linear and torch's attention. A path is a swap of
+those modules, applied once at load; the model code is the same on every path:
+
+    reference   nn.Linear and scaled_dot_product_attention: the model as written
+    onednn      linear weights prepacked once for oneDNN (torch.utils.mkldnn); torch's attention
+    packed      labkit's CPU kernels (kernels/cpu): weight-streaming linear layers whose cost is
+                nearly flat from 1 to ~12 tokens, per-row decode attention, and RMSNorm, RoPE and
+                SwiGLU fused into one call each; all batch invariant, so a k-token verify gives the
+                bits of k one-token steps
+
+Precision is the weights': fp32 or bf16 as loaded (activations follow), or weight-only int8 /
+int4 through torch's CPU kernels (bf16 activations) for a draft model, which only has to be
+approximately right (the target's verification keeps the output exact) and gets faster the fewer
+bytes it reads. `labkit.calibrate` picks the path on each machine; `load_model(backend=...)`,
+`--backend` and `--draft-precision` override it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PATHS = ("reference", "onednn", "packed")
+PRECISIONS = ("fp32", "bf16", "int8", "int4")
+QUANTIZED = ("int8", "int4")
+INT4_GROUP = 32                      # int4: one scale and zero per 32 weights of a row
+
+
+@dataclass(frozen=True)
+class ForwardPath:
+    """What ran a model's forward: the path, the weights' precision, the device."""
+    name: str = "reference"          # reference | onednn | packed | transformers
+    precision: str = ""              # fp32 | bf16 | fp16 | int8 | int4 ("": as the weights are)
+    device: str = "cpu"
+
+    def filled(self, weight: torch.Tensor) -> "ForwardPath":
+        """This path with the precision and device read off a dense weight where they are unset."""
+        return self if self.precision else replace(self, precision=precision_of(weight.dtype), device=weight.device.type)
+
+    def __str__(self) -> str:
+        return f"{self.name} path, {self.precision} weights, {self.device}"
+
+    def to_dict(self) -> dict:
+        return {"path": self.name, "precision": self.precision, "device": self.device}
+
+
+def precision_of(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+class SDPAttention(nn.Module):
+    """The reference attention: torch's scaled_dot_product_attention, K/V heads shared by query groups."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)       # (B, H, T, hd)
+
+
+class KernelAttention(nn.Module):
+    """labkit's per-row decode attention (kernels/cpu); falls back to torch's where it is not compiled."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        from kernels import cpu
+        if q.shape[-1] not in cpu.HEAD_DIMS or q.is_cuda or q.dtype not in (torch.float32, torch.bfloat16):
+            return cpu.attention_ref(q, k, v, mask)
+        return cpu.decode_attention(q, k, v, mask)                                          # (B, H, T, hd)
+
+
+def _fused_ok(x: torch.Tensor, size: int) -> bool:
+    """The fused CPU kernels take fp32/bf16 CPU tensors whose row size is a whole number of vectors."""
+    return not x.is_cuda and x.dtype in (torch.float32, torch.bfloat16) and size % 32 == 0
+
+
+class KernelRMSNorm(nn.Module):
+    """model.RMSNorm in one call (kernels/cpu/pointwise.cpp); same weight, same rounding."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from kernels import cpu
+        if not _fused_ok(x, x.shape[-1]):
+            return cpu.rms_norm_ref(x, self.weight, self.eps)
+        return cpu.rms_norm(x, self.weight, self.eps)
+
+
+class KernelRotary(nn.Module):
+    """model.Rotary in one call per tensor."""
+
+    def forward(self, q, k, cos, sin):
+        from kernels import cpu
+        if not _fused_ok(q, q.shape[-1]) or cos.dtype != q.dtype:
+            return cpu.rope_ref(q, cos, sin), cpu.rope_ref(k, cos, sin)
+        return cpu.rope(q, cos, sin), cpu.rope(k, cos, sin)
+
+
+class KernelSwiGLU(nn.Module):
+    """model.SwiGLU in one call."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        from kernels import cpu
+        if not _fused_ok(gate_up, gate_up.shape[-1] // 2):
+            return cpu.silu_mul_ref(gate_up)
+        return cpu.silu_mul(gate_up)
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear through labkit's weight-streaming kernel; the weight is packed once, here."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        from kernels import cpu
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed", cpu.pack_linear(linear.weight))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The (N, K) weight unpacked again (a copy, for code that reads it once, e.g. a head's vocabulary)."""
+        p = self.packed                                                  # [Nb][K][NBW] or [Nb][K/2][NBW][2]
+        w = p.permute(0, 2, 1, 3).reshape(-1, self.in_features) if p.dim() == 4 else \
+            p.transpose(1, 2).reshape(-1, self.in_features)
+        return w[: self.out_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from kernels import cpu
+        return cpu.packed_linear(x, self.packed, self.out_features, self.bias)
+
+
+class OneDNNLinear(nn.Module):
+    """nn.Linear with the weight reordered once into oneDNN's layout (torch.utils.mkldnn's recipe)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.dtype = linear.weight.dtype
+        self.w = linear.weight.detach().to_mkldnn(self.dtype)                       # (N, K), oneDNN layout
+        bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(self.out_features)
+        self.b = bias.to_mkldnn()                                                   # fp32, as torch.utils.mkldnn
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.w.to_dense()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(self.dtype).contiguous()           # (M, K)
+        y = torch._C._nn.mkldnn_linear(x2.to_mkldnn(), self.w, self.b).to_dense()   # (M, N)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+class Int8Linear(nn.Module):
+    """Weight-only int8: one symmetric scale per output row; torch's `_weight_int8pack_mm` (bf16 activations)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()                                               # (N, K)
+        scale = (w.abs().amax(1) / 127).clamp(min=1e-12)                                 # (N,)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("q", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(torch.bfloat16))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return (self.q.float() * self.scale.float()[:, None]).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()            # (M, K)
+        y = torch.ops.aten._weight_int8pack_mm(x2, self.q, self.scale)                  # (M, N)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+class Int4Linear(nn.Module):
+    """Weight-only int4: a scale and a minimum per 32 weights; torch's `_weight_int4pack_mm_for_cpu`."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        N, K = linear.weight.shape
+        if K % INT4_GROUP or N % 16:
+            raise ValueError(f"int4 weights need layers of (N, K) with N divisible by 16 and K by {INT4_GROUP} "
+                             f"(torch's kernel); this model has a ({N}, {K}) layer: use int8 or bf16")
+        w = linear.weight.detach().float().view(N, K // INT4_GROUP, INT4_GROUP)         # (N, G, 32)
+        lo, hi = w.amin(-1), w.amax(-1)                                                  # (N, G)
+        scale = ((hi - lo) / 15).clamp(min=1e-12)
+        q = torch.round((w - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).view(N, K)
+        self.in_features, self.out_features = K, N
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        # the kernel dequantizes (q - 8) * scale + zero, so zero = lo + 8 * scale; (G, N, 2) in bf16
+        self.register_buffer("scale_zero", torch.stack([scale.t(), (lo + 8 * scale).t()], -1).contiguous()
+                             .to(torch.bfloat16))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()            # (M, K)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, INT4_GROUP, self.scale_zero)  # (M, N)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def weight_dtype(linear: nn.Module) -> torch.dtype:
+    """The dtype a linear layer on any path computes in (without unpacking its weight)."""
+    if isinstance(linear, nn.Linear):
+        return linear.weight.dtype
+    if isinstance(linear, PackedLinear):
+        return linear.packed.dtype
+    if isinstance(linear, OneDNNLinear):
+        return linear.dtype
+    return torch.bfloat16                                    # int8 / int4: bf16 activations
+
+
+def readout(weight: torch.Tensor, path: ForwardPath) -> nn.Module:
+    """x -> x @ weight.T (weight (N, K), e.g. some rows of an LM head) as a bias-free linear layer on `path`."""
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta", dtype=weight.dtype)
+    lin.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    return linear_for(lin, path) if path.device == "cpu" else lin
+
+
+def _linear_for(path: str, precision: str):
+    if precision == "int8":
+        return Int8Linear
+    if precision == "int4":
+        return Int4Linear
+    return {"reference": None, "onednn": OneDNNLinear, "packed": PackedLinear}[path]
+
+
+def check_path(path: str, precision: str) -> None:
+    """A clear error for an unknown path or precision, or one this machine cannot run."""
+    if path not in PATHS:
+        raise ValueError(f"unknown forward path {path!r}: choose from {', '.join(PATHS)} (or 'auto')")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: choose from {', '.join(PRECISIONS)}")
+    if path == "packed":
+        from kernels import cpu
+        ok, why = cpu.available()
+        if not ok:
+            raise ValueError(f"the packed path cannot run here: {why}")
+    if precision in QUANTIZED and not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        raise ValueError(f"{precision} weights need torch's weight-only CPU kernels (torch >= 2.3): use bf16 or fp32")
+
+
+def linear_for(linear: nn.Linear, path: ForwardPath) -> nn.Module:
+    """`linear` as the module `path` runs it with (itself on the reference path)."""
+    cls = _linear_for(path.name, path.precision)
+    return linear if cls is None else cls(linear)
+
+
+@torch.no_grad()
+def apply_path(model: nn.Module, path: str, precision: str) -> nn.Module:
+    """Swap `model`'s nn.Linear and attention modules for `path`'s, in place; record it in `model.forward_path`.
+
+    `model` is a labkit Transformer (or any module with a `forward_path` field) on the reference
+    path, as loaded, on the CPU. Tied weights (an LM head sharing the embedding) are converted
+    separately; the embedding lookup keeps the dense table.
+    """
+    check_path(path, precision)
+    current = model.forward_path
+    if current.name != "reference" or current.precision in QUANTIZED:
+        raise ValueError(f"the model already runs the {current}: load it again to choose another path")
+    device = next(model.parameters()).device
+    if device.type != "cpu" and path != "reference":
+        raise ValueError(f"the {path} path runs on a CPU; this model is on {device} (use backend='reference')")
+    dense = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(precision, torch.bfloat16)
+    if precision in QUANTIZED:
+        model.to(dense)                                  # activations (and the embedding table) in bf16
+    elif next(model.parameters()).dtype != dense:
+        raise ValueError(f"this model was loaded in {next(model.parameters()).dtype}; load it with dtype="
+                         f"{precision!r} for {precision} weights")
+    model.forward_path = swap_modules(model, ForwardPath(path, precision, device.type))
+    return model
+
+
+def swap_modules(module: nn.Module, path: ForwardPath) -> ForwardPath:
+    """Swap every nn.Linear under `module` for `path`'s; on the packed path also the attention,
+    RMSNorm, RoPE and SwiGLU modules for their fused kernels."""
+    from .model import RMSNorm, Rotary, SwiGLU
+    fused = {SDPAttention: KernelAttention, RMSNorm: KernelRMSNorm, Rotary: KernelRotary, SwiGLU: KernelSwiGLU}
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, linear_for(child, path))
+        elif path.name == "packed" and type(child) in fused:
+            kernel = fused[type(child)]
+            setattr(module, name, kernel(child) if kernel is KernelRMSNorm else kernel())
+        else:
+            swap_modules(child, path)
+    return path

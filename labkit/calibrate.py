@@ -1,0 +1,209 @@
+"""Choosing the forward path on this machine: read the CPU, time each path once, remember the answer.
+
+Which kernels make a k-token verify cost about what a one-token step costs depends on the CPU
+(AVX2 only, AVX-512, AVX512_BF16, AMX) and on torch's build, so labkit measures instead of
+guessing. For a model's shape and precision it builds a few random-weight layers of that shape
+(more weight bytes than the CPU's caches hold, so they stream from memory as the real model's
+do), times a 1-token and an 8-token forward on every candidate path, and picks the fastest
+one-token path among those whose 8-token forward costs at most FLAT one-token forwards (the
+fastest 8-token path when none is that flat). It takes a few seconds and is cached per CPU,
+torch version, kernel build, thread count and shape; a cache entry from anything else is
+ignored and measured again.
+
+    from labkit.calibrate import choose_path, machine
+    choice = choose_path(model.args, "bf16")     # choice.path, choice.times, choice.source
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+
+import torch
+
+from .backends import PATHS, QUANTIZED, apply_path, check_path
+from .model import ModelArgs, Transformer
+
+FLAT = 1.5                   # a path is flat when t(8) <= FLAT * t(1)
+CALIBRATION_TOKENS = (1, 8)
+CACHE_VERSION = 1
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo; the platform's processor string elsewhere)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+    """What a timing depends on: the CPU, its vector ISA and matrix units, torch, the threads."""
+    from kernels import cpu
+    flags = cpu.cpu_flags()
+    units = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+             if f in flags]
+    return {"cpu": cpu_name(), "isa": cpu.isa(flags), "units": units, "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "machine": platform.machine()}
+
+
+def isa_label(m: dict | None = None) -> str:
+    """'AVX-512 + AVX512_BF16', 'AVX2', ... for tables and notebook headers."""
+    m = m or machine()
+    parts = {"avx512_bf16": "AVX-512 + AVX512_BF16", "avx512": "AVX-512", "avx2": "AVX2", "none": "no AVX2"}[m["isa"]]
+    return parts + (" + AMX" if "amx_bf16" in m["units"] else "")
+
+
+@dataclass
+class PathChoice:
+    """The path chosen for one shape and precision, with the timings it was chosen from."""
+    path: str
+    precision: str
+    times: dict[str, dict[str, float]]   # path -> {"1": seconds, "8": seconds}
+    machine: dict
+    source: str                          # "measured" or "cache"
+    measured_at: str = ""
+
+    def ratio(self, path: str | None = None) -> float:
+        """t(8) / t(1) of `path` (the chosen one by default)."""
+        t = self.times[path or self.path]
+        return t["8"] / t["1"]
+
+
+def candidates(precision: str) -> list[str]:
+    """The paths worth timing for `precision` on this machine (the reference always; the rest if they run)."""
+    out = []
+    for path in PATHS:
+        try:
+            check_path(path, precision)
+        except ValueError:
+            continue
+        if precision in QUANTIZED and path == "onednn":      # the same int8/int4 kernels as the reference path
+            continue
+        out.append(path)
+    return out
+
+
+def _cache_file():
+    from .hub import cache_dir
+    return cache_dir() / "calibration.json"
+
+
+def _key(args: ModelArgs, precision: str, m: dict) -> str:
+    from kernels import cpu
+    try:
+        build = cpu._build_tag()
+    except OSError:
+        build = "none"
+    shape = f"d{args.dim}-h{args.hidden_dim}-q{args.n_heads}x{args.head_dim}-kv{args.n_kv_heads}-v{args.vocab_size}"
+    return f"{m['cpu']}|{m['isa']}|torch {m['torch']}|kernels {build}|{m['threads']} threads|{shape}|{precision}"
+
+
+def _read_cache() -> dict:
+    """The cached entries, or {} for a missing, unreadable or other-version file (never trusted blindly)."""
+    try:
+        data = json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(data.get("entries"), dict):
+        return {}
+    return data["entries"]
+
+
+def _write_cache(entries: dict) -> None:
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass                         # a read-only cache only costs a re-measurement next time
+
+
+def _from_cache(entry: object, m: dict, precision: str) -> PathChoice | None:
+    """A cached choice if it is well formed and was measured on this machine, torch and shape."""
+    try:
+        choice = PathChoice(**entry)
+        ok = (choice.machine == m and choice.precision == precision and choice.path in choice.times
+              and all(set(t) == {"1", "8"} for t in choice.times.values()))
+    except TypeError:
+        return None
+    return replace(choice, source="cache") if ok else None
+
+
+def calibration_model(args: ModelArgs, precision: str, min_bytes: float = 4e8) -> Transformer:
+    """Random-weight layers of `args`'s shape, enough of them that their weights stream from memory."""
+    dense = torch.bfloat16 if precision in QUANTIZED or precision == "bf16" else torch.float32
+    per_layer = (args.dim * (args.n_heads + 2 * args.n_kv_heads) * args.head_dim + args.n_heads * args.head_dim
+                 * args.dim + 3 * args.dim * args.hidden_dim) * torch.finfo(dense).bits / 8
+    layers = max(1, min(args.n_layers, int(min_bytes // per_layer) + 1))
+    small = replace(args, n_layers=layers, vocab_size=min(args.vocab_size, 4096), tie_embeddings=False,
+                    max_seq_len=256)
+    return Transformer(small).init_random(seed=0).to(dense).eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def measure(args: ModelArgs, precision: str, paths: list[str], context: int = 64, repeats: int = 4) -> dict:
+    """Seconds of a 1-token and an 8-token forward on each path, for `args`'s shape (best of `repeats`)."""
+    from .hw.device import time_forwards
+    times = {}
+    for path in paths:
+        model = apply_path(calibration_model(args, precision), path, precision)
+        t = time_forwards(model, context, CALIBRATION_TOKENS, repeats, progress=False)
+        times[path] = {str(T): t[T] for T in CALIBRATION_TOKENS}
+        del model
+    return times
+
+
+def pick(times: dict[str, dict[str, float]]) -> str:
+    """The fastest one-token path among the flat ones; the fastest 8-token path when none is flat."""
+    flat = [p for p, t in times.items() if t["8"] <= FLAT * t["1"]]
+    if flat:
+        return min(flat, key=lambda p: times[p]["1"])
+    return min(times, key=lambda p: times[p]["8"])
+
+
+def choose_path(args: ModelArgs, precision: str, use_cache: bool = True) -> PathChoice:
+    """The forward path for a model of `args`'s shape in `precision` on this machine (cached)."""
+    check_path("reference", precision)           # an unknown precision: a clear error before any timing
+    m = machine()
+    key = _key(args, precision, m)
+    entries = _read_cache() if use_cache else {}
+    if (cached := _from_cache(entries.get(key), m, precision)) is not None:
+        return cached
+    times = measure(args, precision, candidates(precision))
+    choice = PathChoice(pick(times), precision, times, m, "measured",
+                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    entries = _read_cache()
+    entries[key] = asdict(choice)
+    _write_cache(entries)
+    return choice
+
+
+def choose_precision(args: ModelArgs, options: tuple[str, ...] = ("bf16", "int8", "int4")) -> PathChoice:
+    """For a draft model: the precision (and its path) whose one-token forward is fastest here."""
+    best = None
+    for precision in options:
+        try:
+            choice = choose_path(args, precision)
+        except ValueError:
+            continue
+        if best is None or choice.times[choice.path]["1"] < best.times[best.path]["1"]:
+            best = choice
+    if best is None:
+        raise ValueError(f"none of the precisions {options} can run here")
+    return best
+
+
+def describe(choice: PathChoice) -> str:
+    """One line for logs and notebook headers."""
+    t = choice.times[choice.path]
+    return (f"{choice.path} path ({choice.precision}) on {choice.machine['cpu']} [{isa_label(choice.machine)}], "
+            f"{choice.machine['threads']} threads: t(1) {t['1'] * 1e3:.1f} ms, t(8)/t(1) {choice.ratio():.2f} "
+            f"on the calibration layers ({choice.source})")
