@@ -75,27 +75,37 @@ class CostAwareGamma(GammaPolicy):
 
     α is a decayed maximum-likelihood estimate (accepted / (accepted + rejections)); the
     draft step time and a linear verify-time model t(n) = a + b·n are fitted from the trace.
+    γ = 0 is a choice too (plain decoding through the same loop) when no draft length beats one
+    target step per token; then every `probe_every` plain steps (doubling after each probe that
+    still says 0) one draft of the best length refreshes α, so drafting resumes where it pays.
     """
     name = "cost-aware"
 
-    def __init__(self, start: int = 5, max_gamma: int = 16, decay: float = 0.9, warmup: int = 3):
+    def __init__(self, start: int = 5, max_gamma: int = 16, decay: float = 0.9, warmup: int = 3,
+                 probe_every: int = 8):
         self.k, self.max_gamma, self.decay, self.warmup = check_gamma(start), check_gamma(max_gamma), decay, warmup
+        self.probe_every = self.interval = check_gamma(probe_every)
         self.accepted = self.rejected = 0.0
         self.draft_time = self.draft_tokens = 0.0
         self.sums = [0.0] * 5  # decayed sums for the verify fit: w, n, t, n·n, n·t
         self.n_steps = 0
+        self.idle = 0          # plain (γ = 0) steps since the last draft
 
     def update(self, step: Step) -> None:
-        if step.gamma == 0:
-            return
         d = self.decay
+        n, t = step.gamma + 1, step.verify_time
+        self.sums = [d * s + x for s, x in zip(self.sums, (1.0, n, t, n * n, n * t))]
+        if step.gamma == 0:
+            self.idle += 1
+            return
+        if self.idle:                            # a probe after plain steps: back off if it does not pay
+            self.interval = self.interval * 2 if self._best() == 0 else self.probe_every
+        self.idle = 0
         self.n_steps += 1
         self.accepted = d * self.accepted + step.n_accepted
         self.rejected = d * self.rejected + (0 if step.bonus else 1)
         self.draft_time = d * self.draft_time + step.draft_time
         self.draft_tokens = d * self.draft_tokens + step.gamma
-        n, t = step.gamma + 1, step.verify_time
-        self.sums = [d * s + x for s, x in zip(self.sums, (1.0, n, t, n * n, n * t))]
 
     def verify_time(self, n_tokens: int) -> float:
         """Fitted seconds for a verify pass of n_tokens (flat when only one size was seen)."""
@@ -104,14 +114,20 @@ class CostAwareGamma(GammaPolicy):
         slope = max(0.0, (snt / w - sn * st / w ** 2) / var) if var > 1e-9 else 0.0
         return st / w + slope * (n_tokens - sn / w)
 
+    def tokens_per_second(self, g: int) -> float:
+        """Expected committed tokens per second drafting g tokens a step (g = 0: plain decoding)."""
+        alpha = self.accepted / max(1e-9, self.accepted + self.rejected)
+        t_draft = self.draft_time / max(1e-9, self.draft_tokens)
+        return expected_tokens(alpha, g) / (g * t_draft + max(1e-9, self.verify_time(g + 1)))
+
+    def _best(self) -> int:
+        return max(range(0, self.max_gamma + 1), key=self.tokens_per_second)
+
     def gamma(self) -> int:
         if self.n_steps < self.warmup:
             return self.k
-        alpha = self.accepted / max(1e-9, self.accepted + self.rejected)
-        t_draft = self.draft_time / max(1e-9, self.draft_tokens)
-
-        def tokens_per_second(g: int) -> float:
-            return expected_tokens(alpha, g) / (g * t_draft + max(1e-9, self.verify_time(g + 1)))
-
-        self.k = max(range(1, self.max_gamma + 1), key=tokens_per_second)
+        best = self._best()
+        if best == 0 and self.idle >= self.interval:
+            best = max(range(1, self.max_gamma + 1), key=self.tokens_per_second)     # probe
+        self.k = best
         return self.k

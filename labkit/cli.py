@@ -4,6 +4,7 @@
     python -m labkit generate --drafter lookup --json --prompt "..."     # one JSON object on stdout
     python -m labkit models | python -m labkit fetch
     python -m labkit bench --questions data/questions/labkit_bench.jsonl --limit 2 --out /tmp/bench
+    python -m labkit verify-cost                  # forward time vs tokens per forward, every path
 """
 from __future__ import annotations
 
@@ -15,10 +16,25 @@ import torch
 
 DRAFTERS = ("draft", "lookup", "none")
 POLICIES = ("fixed", "heuristic", "cost-aware")
+DRAFT_PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
+
+
+def add_model_args(p, default_dtype: str = "bf16") -> None:
+    """--target, --draft, --dtype, --backend, --device, --draft-precision: shared by generate and bench."""
+    from .hub import DEFAULT_DRAFT, DEFAULT_TARGET
+    from .loading import BACKENDS, DEVICES
+    p.add_argument("--target", default=DEFAULT_TARGET, help="preset, local directory or Hub id")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the draft-model methods")
+    p.add_argument("--dtype", default=default_dtype, choices=["bf16", "fp32", "fp16"], help="the target's precision")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="forward path: auto = the fastest this machine measured (cached), or force one")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when a GPU is present")
+    p.add_argument("--draft-precision", default="auto", choices=DRAFT_PRECISIONS,
+                   help="the draft model's weights: auto = the fastest one-token forward here (int8/int4 are "
+                        "weight-only: the target still decides every token)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .hub import DEFAULT_DRAFT, DEFAULT_TARGET
     ap = argparse.ArgumentParser(prog="python -m labkit", description="labkit: speculative decoding, measured")
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="decode one prompt, showing accepted / rejected / bonus tokens")
@@ -32,9 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--seed", type=int, default=0, help="seed for sampling")
-    g.add_argument("--target", default=DEFAULT_TARGET, help="preset, local directory or Hub id")
-    g.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for --drafter draft")
-    g.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    add_model_args(g)
     g.add_argument("--max-seq-len", type=int, default=4096, help="context to allocate the KV cache for")
     g.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of coloured text")
@@ -42,12 +56,26 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fetch", help="download, verify and convert presets (all when none named)")
     f.add_argument("names", nargs="*")
     add_bench_parser(sub)
+    add_verify_cost_parser(sub)
     return ap
+
+
+def add_verify_cost_parser(sub) -> None:
+    from .backends import PATHS
+    from .hub import DEFAULT_TARGET
+    v = sub.add_parser("verify-cost", help="forward time vs tokens per forward on every path and precision here")
+    v.add_argument("--model", default=DEFAULT_TARGET, help="preset, local directory or Hub id (labkit's model)")
+    v.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from: {','.join(PATHS)}")
+    v.add_argument("--precisions", default="bf16,fp32", help="comma-separated, from: fp32,bf16,int8,int4")
+    v.add_argument("--tokens", default="1,2,4,8,16,32,64", help="tokens per forward to time, comma-separated")
+    v.add_argument("--context", type=int, default=256, help="cached tokens before each timed forward")
+    v.add_argument("--repeats", type=int, default=5, help="timed runs per point (the best counts)")
+    v.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
+    v.add_argument("--out", default="data/bench", help="verify_cost_<cpu>.{json,md,png} go here")
 
 
 def add_bench_parser(sub) -> None:
     from .bench.methods import METHODS
-    from .hub import DEFAULT_DRAFT, DEFAULT_TARGET
     b = sub.add_parser("bench", help="Spec-Bench-style run of every method on a question file (resumable)")
     b.add_argument("--questions", required=True, help="Spec-Bench jsonl: question_id, category, turns")
     b.add_argument("--methods", default=None, help=f"comma-separated, from: {','.join(METHODS)} (default: all that "
@@ -57,9 +85,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--gamma", type=int, default=4, help="draft tokens per step (the start value when adaptive)")
     b.add_argument("--lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
-    b.add_argument("--target", default=DEFAULT_TARGET)
-    b.add_argument("--draft", default=DEFAULT_DRAFT)
-    b.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    add_model_args(b)
     b.add_argument("--threads", type=int, default=torch.get_num_threads(),
                    help="torch threads (1 can be much faster when other jobs share the cores)")
     b.add_argument("--no-chat-template", action="store_true", help="feed each first turn as raw text")
@@ -95,7 +121,7 @@ def make_policy(name: str, gamma: int):
 
 def cmd_generate(a) -> int:
     from .autoregressive import autoregressive_generate
-    from .loading import check_same_tokenizer, load_model
+    from .loading import load_draft, load_model
     from .render import pieces, to_ansi
     from .sampling import SamplingConfig
     from .speculative import speculative_generate
@@ -104,22 +130,22 @@ def cmd_generate(a) -> int:
     if a.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
     text = sys.stdin.read() if a.prompt_file == "-" else open(a.prompt_file).read() if a.prompt_file else a.prompt
-    target = load_model(a.target, a.dtype, max_seq_len=a.max_seq_len, progress=not a.json)
+    target = load_model(a.target, a.dtype, a.backend, a.max_seq_len, a.device, progress=not a.json)
     prompt = encode_prompt(target.tokenizer, text or "", not a.no_chat_template)
+    draft = None
     if a.drafter == "none":
         out = autoregressive_generate(target.model, prompt, a.max_new_tokens, sampling, target.eos_token_ids, a.seed)
     else:
-        draft = None
         if a.drafter == "draft":
-            draft = load_model(a.draft, a.dtype, max_seq_len=a.max_seq_len, progress=not a.json)
-            check_same_tokenizer(target, draft)
+            draft = load_draft(a.draft, target, a.draft_precision, a.backend, a.max_seq_len, progress=not a.json)
         drafter = make_drafter(a.drafter, draft.model if draft else None, target.eos_token_ids)
         out = speculative_generate(target.model, drafter, prompt, a.max_new_tokens, policy, sampling,
                                    target.eos_token_ids, a.seed)
     text_out = target.tokenizer.decode(out.tokens, skip_special_tokens=True)
+    ran = run_facts(target, draft)
     if a.json:
         print(json.dumps({"text": text_out, "tokens": out.tokens, "prompt_tokens": prompt.tolist(),
-                          "drafter": a.drafter, "gamma": a.gamma, "policy": a.policy,
+                          "drafter": a.drafter, "gamma": a.gamma, "policy": a.policy, "ran_on": ran,
                           "stats": out.trace.summary(), "steps": out.trace.to_dict()["steps"]}))
     else:
         print(to_ansi(pieces(out.trace, prompt.tolist(), target.tokenizer), colour=sys.stdout.isatty()))
@@ -127,7 +153,20 @@ def cmd_generate(a) -> int:
         print(f"\n[{s['method']}] {s['new_tokens']} tokens in {s['total_time']:.2f}s ({s['tokens_per_second']:.1f} tok/s), "
               f"{s['target_forwards']} target forwards, {s['tokens_per_forward']:.2f} tokens/forward (bonus included), "
               f"acceptance {s['acceptance_rate']:.2f}, stop: {s['stop_reason']}", file=sys.stderr)
+        print(f"[ran on] {ran['cpu']} ({ran['isa']}), {ran['threads']} threads; target: {ran['target']}"
+              + (f"; draft: {ran['draft']}" if draft else ""), file=sys.stderr)
     return 0
+
+
+def run_facts(target, draft=None) -> dict:
+    """Where a run ran: CPU, ISA, threads, and each model's forward path and precision."""
+    from .calibrate import isa_label, machine
+    m = machine()
+    facts = {"cpu": m["cpu"], "isa": isa_label(m), "threads": m["threads"], "torch": m["torch"],
+             "target": str(target.path), "target_path": target.path.to_dict()}
+    if draft is not None:
+        facts.update(draft=str(draft.path), draft_path=draft.path.to_dict())
+    return facts
 
 
 def cmd_models(a) -> int:
@@ -152,7 +191,8 @@ def cmd_bench(a) -> int:
     def split(s):
         return [x.strip() for x in s.split(",") if x.strip()] if s else None
     config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, a.dtype, a.max_new_tokens,
-                         a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit)
+                         a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit,
+                         a.backend, a.device, a.draft_precision)
     try:
         results = Path(a.out) / "results.jsonl" if a.report_only else run_bench(config)
     except KeyboardInterrupt:
@@ -164,11 +204,34 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def cmd_verify_cost(a) -> int:
+    from .backends import check_path
+    from .hw import verify_cost
+    paths = [p.strip() for p in a.paths.split(",") if p.strip()]
+    precisions = verify_cost.check_precisions([p.strip() for p in a.precisions.split(",") if p.strip()])
+    for p in paths:
+        if p not in ("reference", "onednn", "packed"):
+            check_path(p, "bf16")                       # the error names the paths there are
+    try:
+        tokens = tuple(sorted({int(t) for t in a.tokens.split(",")}))
+    except ValueError:
+        raise ValueError(f"--tokens takes comma-separated integers, got {a.tokens!r}") from None
+    if not tokens or tokens[0] < 1 or a.context < 1 or a.repeats < 1 or a.threads < 1:
+        raise ValueError("--tokens, --context, --repeats and --threads must be >= 1")
+    torch.set_num_threads(a.threads)
+    result = verify_cost.measure(a.model, paths, precisions, tokens, a.context, a.repeats)
+    print(verify_cost.markdown(result))
+    for path in verify_cost.write(result, a.out):
+        print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from .hub import ModelFetchError
     a = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "models": cmd_models, "fetch": cmd_fetch, "bench": cmd_bench}[a.command](a)
+        return {"generate": cmd_generate, "models": cmd_models, "fetch": cmd_fetch, "bench": cmd_bench,
+                "verify-cost": cmd_verify_cost}[a.command](a)
     except (ValueError, ModelFetchError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -52,8 +52,9 @@ def test_zero_initialised_heads_equal_the_lm_head(tiny_target):
     assert logits.shape == (3, 5, tiny_target.vocab_size)
     for k in range(3):
         torch.testing.assert_close(logits[k], tiny_target.lm_head(h))
-    assert "lm_head_weight" not in heads.state_dict(), "the shared LM head must not be saved with the heads"
-    assert heads.lm_head_weight.data_ptr() == tiny_target.lm_head.weight.data_ptr(), "shared, not copied"
+    assert set(heads.state_dict()) == {f"blocks.{k}.linear.{p}" for k in range(3) for p in ("weight", "bias")}, \
+        "the shared LM head must not be saved with the heads"
+    assert heads.lm_head[0] is tiny_target.lm_head, "shared, not copied"
 
 
 class OracleHeads(MedusaHeads):
@@ -65,7 +66,7 @@ class OracleHeads(MedusaHeads):
 
     def forward(self, hidden):
         p = int(hidden.argmax())
-        logits = torch.full((self.n_heads, self.lm_head_weight.shape[0]), -1e4)
+        logits = torch.full((self.n_heads, self.lm_head[0].out_features), -1e4)
         for k in range(self.n_heads):
             logits[k, self.seq[p + 2 + k]] = 0.0
             logits[k, (self.seq[p + 2 + k] + 1) % logits.shape[1]] = -1.0            # a second-best guess

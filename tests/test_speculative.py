@@ -100,3 +100,32 @@ def test_context_limit_stops_cleanly():
     assert out.tokens == ref.tokens
     # 20 slots of context: the 21st token is predicted from position 19 and never needs a slot
     assert len(prompt) + len(out.tokens) == 21 and out.trace.stop_reason == "context"
+
+
+def synthetic_step(gamma: int, n_accepted: int, draft_per_token: float, verify: float):
+    from labkit.trace import Step
+    return Step(proposed=[1] * gamma, n_accepted=n_accepted, next_token=2, bonus=n_accepted == gamma,
+                draft_time=gamma * draft_per_token, verify_time=verify)
+
+
+def test_cost_aware_gamma_stops_drafting_when_it_does_not_pay_and_probes_with_back_off():
+    """Every draft rejected and drafting expensive: γ = 0 (plain steps), with a probe every 4, then 8 plain steps."""
+    policy = CostAwareGamma(start=3, warmup=2, probe_every=4)
+    chosen = []
+    for _ in range(40):
+        g = policy.gamma()
+        chosen.append(g)
+        policy.update(synthetic_step(g, 0, draft_per_token=0.05, verify=0.10 + 0.01 * g))
+    assert chosen[:2] == [3, 3]
+    drafts = [i for i, g in enumerate(chosen) if g > 0]                  # the warm-up's last draft, then probes
+    assert chosen[2] == 0
+    assert drafts[:5] == [0, 1, 6, 15, 32], f"drafts at steps {drafts}: 4, 8, 16 plain steps between probes"
+
+
+def test_cost_aware_gamma_drafts_long_when_verify_is_flat_and_drafts_are_good():
+    policy = CostAwareGamma(start=2, warmup=3)
+    for _ in range(10):
+        g = policy.gamma()
+        policy.update(synthetic_step(g, g if g else 0, draft_per_token=0.005, verify=0.1 + 0.001 * (g + 1)))
+    assert policy.gamma() >= 8
+    assert policy.tokens_per_second(policy.gamma()) > 2 * policy.tokens_per_second(0)

@@ -151,14 +151,24 @@ def _fmt(x, spec: str = "{:.2f}") -> str:
     return "–" if x is None else spec.format(x)
 
 
+def _ran_on(meta: dict) -> str:
+    """The forward paths and the machine's load, where the run recorded them."""
+    facts = meta.get("ran_on")
+    if not facts:
+        return ""
+    draft = f"; draft model: {facts['draft']}" if facts.get("draft") else ""
+    load = meta.get("load_average_at_start")
+    return (f"labkit's target ran the {facts['target']}{draft}; transformers' peers run their own stock kernels "
+            f"in {meta['dtype']}. " + (f"Load average at the start: {load[0]:.2f}. " if load else ""))
+
+
 def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str = "") -> str:
     """The Markdown report: settings and definitions, the table, and every output that parts from its reference."""
     lines = [f"# labkit bench: {Path(meta['questions']).name}", "",
              f"Measured {meta['date']} on {meta['machine']}; target `{meta['target']}`, draft `{meta['draft']}`, "
              f"{meta['dtype']}, greedy, max_new_tokens={meta['max_new_tokens']}, γ={meta['gamma']}. "
-             "Timings are noisy: the machine's 2 cores were shared with other jobs during the run; every ratio "
-             "compares methods run back to back on the same question, which cancels slow drift, not bursts." +
-             (f" {note}" if note else ""), "",
+             + _ran_on(meta) + "Every ratio compares methods run back to back on the same question, which "
+             "cancels slow drift, not bursts." + (f" {note}" if note else ""), "",
              "Definitions: *tok/s* = new tokens / wall seconds (prefill included), summed over the questions; "
              "*× AR* = tok/s over labkit autoregressive's on the same questions; *tok/fwd* = new tokens / target "
              "forward passes (each pass commits its accepted draft tokens plus the target's own bonus or correction "

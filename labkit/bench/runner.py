@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,9 @@ class BenchConfig:
     chat_template: bool = True
     categories: list[str] | None = None
     limit: int | None = None
+    backend: str = "auto"              # labkit's forward path (loading.BACKENDS); auto: calibrated
+    device: str = "auto"
+    draft_precision: str = "auto"      # the draft model's weights (loading.draft_precision)
 
     def __post_init__(self):
         self.methods = check_methods(default_methods(self.target) if self.methods is None else self.methods)
@@ -51,6 +55,9 @@ class BenchConfig:
         """Hash of every setting that changes tokens or timings (not which questions or methods)."""
         keyed = {k: getattr(self, k) for k in ("target", "draft", "dtype", "max_new_tokens", "gamma",
                                                "lookup_tokens", "threads", "chat_template")}
+        for k in ("backend", "device", "draft_precision"):     # keys of older runs stay valid at the defaults
+            if getattr(self, k) != "auto":
+                keyed[k] = getattr(self, k)
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -87,12 +94,12 @@ def _append(path: Path, record: dict) -> None:
 def load_models(config: BenchConfig, progress: bool = True) -> Models:
     """labkit's pair, and transformers' copies of the checkpoints only when a chosen method needs them."""
     from ..hub import resolve_model
-    from ..loading import DTYPES, check_same_tokenizer, load_model
+    from ..loading import DTYPES, load_draft, load_model
     needs = set().union(*(METHODS[n].needs for n in config.methods))
-    models = Models(load_model(config.target, config.dtype, progress=progress))
+    models = Models(load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress))
     if "draft" in needs:
-        models.draft = load_model(config.draft, config.dtype, progress=progress)
-        check_same_tokenizer(models.target, models.draft)
+        models.draft = load_draft(config.draft, models.target, config.draft_precision, config.backend,
+                                  progress=progress)
     if needs & {"hf", "hf_draft"}:
         from transformers import AutoModelForCausalLM
 
@@ -133,7 +140,7 @@ def run_bench(config: BenchConfig, models: Models | None = None, progress: bool 
 
 def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[str]]], path: Path, models: Models,
                  progress: bool) -> None:
-    _append(path, {"run": config.run_key, "meta": _meta(config)})
+    _append(path, {"run": config.run_key, "meta": _meta(config, models)})
     names = list(dict.fromkeys(m for _, ms in todo for m in ms))
     warm_ids = encode(models, Question("warm-up", "warm-up", WARM_UP_PROMPT), config.chat_template)
     for name in tqdm(names, desc="warm-up", disable=not progress):      # first calls allocate; not timed
@@ -157,8 +164,12 @@ def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[str]]], pa
     bar.close()
 
 
-def _meta(config: BenchConfig) -> dict:
+def _meta(config: BenchConfig, models: Models) -> dict:
+    from ..cli import run_facts
+    facts = run_facts(models.target, models.draft)
     return {**asdict(config), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{platform.machine()}, {config.threads} threads, torch {torch.__version__}",
+            "machine": f"{facts['cpu']} ({facts['isa']}), {platform.machine()}, {config.threads} threads, "
+                       f"torch {torch.__version__}",
+            "ran_on": facts, "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
             "labels": {n: METHODS[n].label.format(gamma=config.gamma, lookup_tokens=config.lookup_tokens)
                        for n in METHODS}}

@@ -52,7 +52,7 @@ class GloeckleHeads:
 
     def __init__(self, model: MTPModel):
         self.model, self.n_heads = model, model.cfg.n_future - 1
-        self.lm_head_weight = model.lm_head.weight                            # the shared unembedding (V, D)
+        self.dtype = model.lm_head.weight.dtype                               # the shared unembedding's
 
     def __call__(self, feature: torch.Tensor) -> torch.Tensor:
         """feature (n*D,) -> logits (n-1, V): row k scores the token k+1 after the root."""

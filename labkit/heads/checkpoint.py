@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..backends import swap_modules
 from .medusa import MedusaHeads
 
 REPO_HEADS = Path(__file__).resolve().parents[2] / "data" / "heads"     # the shipped heads
@@ -41,12 +42,13 @@ def load_medusa(path: str | Path, target) -> tuple[MedusaHeads, dict]:
         raise FileNotFoundError(f"{path} has no {CONFIG} + {WEIGHTS}: point at a directory written by save_medusa "
                                 "(the shipped heads: data/heads/medusa-qwen2.5-coder-1.5b)")
     config = json.loads((path / CONFIG).read_text())
-    D = target.lm_head.weight.shape[1]
+    D = target.args.dim
     if config["dim"] != D:
         raise ValueError(f"heads in {path} were trained for hidden size {config['dim']}, but this target has {D}: "
                          f"they belong to {config.get('base_model', 'another model')}")
     heads = MedusaHeads(target.lm_head, config["n_heads"])
     state = load_file(str(path / WEIGHTS))
-    dtype = target.lm_head.weight.dtype
-    heads.load_state_dict({k: v.to(dtype) for k, v in state.items()})
-    return heads.to(target.lm_head.weight.device).eval().requires_grad_(False), config
+    heads.load_state_dict({k: v.to(heads.dtype) for k, v in state.items()})
+    heads = heads.to(target.device).eval().requires_grad_(False)
+    swap_modules(heads.blocks, target.path)          # the residual blocks on the target's forward path
+    return heads, config

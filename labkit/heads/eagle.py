@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from ..backends import readout, swap_modules
 from ..drafters.tree_base import TreeDrafter, TreeProposal
 from ..kv_cache import KVCache
 from ..model import Block, ModelArgs, RMSNorm, Transformer, chain_mask, rope_cos_sin
@@ -68,7 +69,7 @@ class EagleHead(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
     def new_cache(self, max_len: int, batch_size: int = 1, dtype=None, device=None) -> KVCache:
-        p = self.fc.weight
+        p = self.norm.weight                     # (the linear layers may be packed: see backends.py)
         return KVCache(1, batch_size, self.args.n_kv_heads, max_len, self.args.head_dim, dtype or p.dtype,
                        device or p.device)
 
@@ -100,12 +101,13 @@ class EagleDrafter(TreeDrafter):
         if draft_vocab is None:
             draft_vocab = torch.arange(target.vocab_size)
         self.draft_vocab = draft_vocab.long().to(target.device)                         # (Vd,) ids in the target's vocab
-        self.lm_head_rows = target.lm_head.weight[self.draft_vocab]                      # (Vd, D), sliced once
+        rows = target.lm_head.weight[self.draft_vocab]                                  # (Vd, D), sliced once
+        self.readout = readout(rows, target.path)                                       # f -> f @ rows.T, the target's path
         self.name = "eagle-chain" if top_k == 1 else "eagle-tree"
 
     def _log_probs(self, f: torch.Tensor) -> torch.Tensor:
         """Draft log-probabilities (..., Vd) over the draft vocabulary from features (..., D)."""
-        return (f @ self.lm_head_rows.T).float().log_softmax(-1)
+        return self.readout(f).float().log_softmax(-1)
 
     def start(self, prompt_ids, features):
         self.tokens = prompt_ids.tolist()
@@ -219,4 +221,6 @@ def load_eagle(path: str | Path, target: Transformer) -> tuple[EagleHead, torch.
     head = EagleHead(cfg, target.vocab_size, target.max_seq_len)
     head.load_state_dict(state)
     p = target.embed_tokens.weight
-    return head.to(device=p.device, dtype=p.dtype).eval().requires_grad_(False), draft_vocab, config
+    head = head.to(device=p.device, dtype=p.dtype).eval().requires_grad_(False)
+    swap_modules(head, target.path)                  # its layer on the target's forward path
+    return head, draft_vocab, config

@@ -52,19 +52,17 @@ class MedusaHeads(nn.Module):
         super().__init__()
         if n_heads < 1:
             raise ValueError(f"n_heads must be >= 1, got {n_heads}")
-        dim = lm_head.weight.shape[1]
-        self.blocks = nn.ModuleList(ResBlock(dim) for _ in range(n_heads))
-        # shared with the target, not a parameter here and not saved (persistent=False): no copy is made
-        self.register_buffer("lm_head_weight", lm_head.weight.detach(), persistent=False)   # (V, D)
-        self.blocks.to(lm_head.weight.dtype)
+        from ..backends import weight_dtype
+        self.dim, self.dtype = lm_head.in_features, weight_dtype(lm_head)
+        self.blocks = nn.ModuleList(ResBlock(self.dim) for _ in range(n_heads))
+        # the target's own module, on whatever forward path it runs: held outside the module tree
+        # (not a submodule, so not saved with the heads and not moved or converted with them)
+        self.lm_head = (lm_head,)
+        self.blocks.to(self.dtype)
 
     @property
     def n_heads(self) -> int:
         return len(self.blocks)
-
-    @property
-    def dim(self) -> int:
-        return self.lm_head_weight.shape[1]
 
     def head_states(self, hidden: torch.Tensor) -> torch.Tensor:
         """(K, *, D): each head's state h_k for hidden (*, D)."""
@@ -72,7 +70,7 @@ class MedusaHeads(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(K, *, V) logits: head k at position t scores token t+2+k."""
-        return self.head_states(hidden) @ self.lm_head_weight.T
+        return self.lm_head[0](self.head_states(hidden))
 
 
 # --- the static tree --------------------------------------------------------------------------------
@@ -175,7 +173,7 @@ class MedusaDrafter(TreeDrafter):
         if self.last_feature is None or budget < 1:     # a one-token prompt: no cached position yet
             return TreeProposal(tokens.new_empty(0), Tree(torch.empty(0, dtype=torch.long)))
         tree, rank, head = self.tree(budget)
-        feature = self.last_feature.to(self.heads.lm_head_weight.dtype)
+        feature = self.last_feature.to(self.heads.dtype)
         logits = self.heads(feature).float()                                 # (K, V)
         top_p, top_ids = logits.softmax(-1).topk(int(rank.max()) + 1, dim=-1)  # (K, k) each
         return TreeProposal(top_ids[head, rank].to(tokens.device), tree, q_draft=None, score=top_p[head, rank])

@@ -176,7 +176,7 @@ def topk_accuracy(heads: MedusaHeads, hidden: torch.Tensor, target_next: torch.T
     hits, counts = torch.zeros(K, k), torch.zeros(K)
     for start in range(0, hidden.shape[0], chunk):
         h, lab = hidden[start:start + chunk], labels[start:start + chunk]          # (n, D), (n, K)
-        top = heads(h.to(heads.lm_head_weight.dtype)).topk(k, dim=-1).indices      # (K, n, k)
+        top = heads(h.to(heads.dtype)).topk(k, dim=-1).indices      # (K, n, k)
         valid = (lab != IGNORE).T                                                   # (K, n)
         found = top == lab.T[..., None]                                             # (K, n, k)
         hits += (found.cumsum(-1).clamp(max=1) * valid[..., None]).sum(1).float()  # (K, k)

@@ -131,7 +131,7 @@ def clock_name(clock) -> str:
 
 @torch.no_grad()
 def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
-                  clock=time.perf_counter) -> dict[int, float]:
+                  clock=time.perf_counter, progress: bool = True) -> dict[int, float]:
     """Best-of-`repeats` seconds of one forward of T tokens after `context` cached ones (rolled back each time).
 
     The verify-cost curve: all T logits computed, as a verify pass does. The token counts take turns
@@ -145,7 +145,7 @@ def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
     model(prompt, cache, num_logits=1)
     feeds = {T: torch.randint(0, model.vocab_size, (1, T), generator=g).to(device) for T in tokens}
     runs = {T: [] for T in tokens}
-    with tqdm(total=(repeats + 1) * len(tokens), desc="forwards") as bar:
+    with tqdm(total=(repeats + 1) * len(tokens), desc="forwards", disable=not progress) as bar:
         for _ in range(repeats + 1):
             for T in tokens:
                 _sync(device)

@@ -1,0 +1,165 @@
+"""The verify-cost curve of this machine: forward time over tokens per forward, for every path and precision.
+
+Speculation pays when verifying k draft tokens costs about what one decode step costs. On a
+CPU that holds only if the matrix kernel reads each weight once for all k tokens and keeps the
+arithmetic units busy while the next weights arrive; stock kernels for 2-64 rows often do not.
+This measures t(T) for T = 1..64 on each forward path (backends.py) and precision, next to the
+two lines a forward cannot beat: the bandwidth line (weight bytes / measured copy bandwidth:
+streaming the weights once) and the compute line (FLOPs of T tokens / measured matmul FLOP/s).
+
+    python -m labkit verify-cost                       # the 1.5B target, every path, bf16 and fp32
+    python -m labkit verify-cost --paths packed --precisions bf16 --tokens 1,8,32
+
+Writes data/bench/verify_cost_<cpu>.{json,md,png} (the CPU's name in the file name: the numbers
+are this machine's).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..backends import QUANTIZED
+from ..calibrate import isa_label, machine
+from .device import measure_copy_bandwidth, measure_matmul_flops, time_forwards
+from .roofline import forward_cost
+
+TOKENS = (1, 2, 4, 8, 16, 32, 64)
+BYTES = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5}
+
+
+def cpu_slug(name: str) -> str:
+    """'AMD EPYC 9B45' -> 'amd-epyc-9b45' (for file names)."""
+    return re.sub(r"[^a-z0-9]+", "-", re.sub(r"\((r|tm)\)|cpu|processor|@.*", "", name.lower())).strip("-")
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+@torch.no_grad()
+def measure(model_name: str, paths: list[str], precisions: list[str], tokens: tuple[int, ...] = TOKENS,
+            context: int = 256, repeats: int = 5, progress: bool = True) -> dict:
+    """Time every (path, precision) on `model_name`; returns the rows and the machine's two lines."""
+    from ..loading import load_model
+    m = machine()
+    load_before = load_average()
+    bandwidth = measure_copy_bandwidth("cpu", size_mib=512)
+    flops = {p: measure_matmul_flops("cpu", torch.bfloat16 if p != "fp32" else torch.float32, n=2048)
+             for p in sorted(set(precisions))}
+    rows = []
+    pairs = [(path, precision) for precision in precisions for path in paths]
+    for path, precision in tqdm(pairs, desc="paths", disable=not progress):
+        try:
+            lm = load_model(model_name, precision, backend=path, device="cpu", progress=False)
+        except ValueError as e:                          # a path this machine cannot run: say so in the table
+            rows.append({"path": path, "precision": precision, "skipped": str(e)})
+            continue
+        args = lm.model.args
+        t = time_forwards(lm.model, context, tokens, repeats, progress=False)
+        cost = {T: forward_cost(args, T, context, dtype_bytes=BYTES[precision]) for T in tokens}
+        peak = flops[precision].value
+        rows.append({"path": path, "precision": precision, "times_s": {str(T): t[T] for T in tokens},
+                     "ratio": {str(T): t[T] / t[tokens[0]] for T in tokens},
+                     "bandwidth_line_s": cost[tokens[0]].weight_bytes / bandwidth.value,
+                     "compute_line_s": {str(T): cost[T].flops / peak for T in tokens},
+                     "weight_bytes": cost[tokens[0]].weight_bytes})
+        del lm
+    return {"model": model_name, "machine": m, "isa": isa_label(m), "context": context, "repeats": repeats,
+            "tokens": list(tokens), "bandwidth": {"value": bandwidth.value, "source": bandwidth.source},
+            "matmul_flops": {p: {"value": f.value, "source": f.source} for p, f in flops.items()},
+            "load_average": {"before": load_before, "after": load_average()},
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": rows}
+
+
+def best_row(result: dict, precision: str) -> dict | None:
+    """The measured row of `precision` with the fastest one-token forward."""
+    rows = [r for r in result["rows"] if r["precision"] == precision and "times_s" in r]
+    return min(rows, key=lambda r: r["times_s"][str(result["tokens"][0])]) if rows else None
+
+
+def markdown(result: dict) -> str:
+    m, T = result["machine"], result["tokens"]
+    lines = [f"# Verify cost: `{result['model']}` on {m['cpu']}", "",
+             f"Measured {result['date']}: {m['cpu']} ({result['isa']}), {m['threads']} torch threads, torch "
+             f"{m['torch']}; {result['context']} cached tokens, best of {result['repeats']} per point; load average "
+             f"{result['load_average']['before'][0]} before, {result['load_average']['after'][0]} after.", "",
+             f"Bandwidth line: weight bytes / {result['bandwidth']['value'] / 1e9:.1f} GB/s "
+             f"({result['bandwidth']['source']}). Compute line: FLOPs of T tokens / "
+             + ", ".join(f"{p} {v['value'] / 1e9:.0f} GFLOP/s" for p, v in result["matmul_flops"].items())
+             + " (a 2048³ matmul).", "",
+             "| path | precision | t(1) ms | " + " | ".join(f"t({t})/t(1)" for t in T[1:])
+             + " | bandwidth line ms | t(1) / bandwidth line |",
+             "|---|---|---|" + "---|" * (len(T) - 1) + "---|---|"]
+    for r in result["rows"]:
+        if "skipped" in r:
+            lines.append(f"| {r['path']} | {r['precision']} | not run here: {r['skipped']} |")
+            continue
+        t1 = r["times_s"][str(T[0])]
+        lines.append(f"| {r['path']} | {r['precision']} | {t1 * 1e3:.1f} | "
+                     + " | ".join(f"{r['ratio'][str(t)]:.2f}" for t in T[1:])
+                     + f" | {r['bandwidth_line_s'] * 1e3:.1f} | {r['bandwidth_line_s'] / t1:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path | None = None, ax=None):
+    """t(T) per path and precision, with each precision's bandwidth and compute lines."""
+    import matplotlib
+    if path is not None:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    T = result["tokens"]
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8, 4.8))
+    colours = {"reference": "tab:gray", "onednn": "tab:orange", "packed": "tab:blue"}
+    styles = {"fp32": "-", "bf16": "--", "int8": ":", "int4": "-."}
+    for r in result["rows"]:
+        if "times_s" not in r:
+            continue
+        ax.plot(T, [r["times_s"][str(t)] * 1e3 for t in T], styles.get(r["precision"], "-"), marker="o", ms=4,
+                color=colours.get(r["path"], "black"), label=f"{r['path']}, {r['precision']}")
+    for precision in dict.fromkeys(r["precision"] for r in result["rows"] if "times_s" in r):
+        r = next(x for x in result["rows"] if x["precision"] == precision and "times_s" in x)
+        bw = r["bandwidth_line_s"] * 1e3
+        roof = [max(bw, r["compute_line_s"][str(t)] * 1e3) for t in T]
+        ax.plot(T, roof, styles.get(precision, "-"), color="tab:green", lw=2.5, alpha=0.5,
+                label=f"{precision}: max(bandwidth line, compute line)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(T, [str(t) for t in T])
+    ax.set_xlabel("tokens per forward T (1 = a decode step, k+1 = verifying k draft tokens)")
+    ax.set_ylabel("forward time (ms)")
+    ax.set_title(f"{result['model']} on {result['machine']['cpu']} ({result['isa']}), "
+                 f"{result['machine']['threads']} threads", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    if path is not None:
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return ax
+
+
+def write(result: dict, out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"verify_cost_{cpu_slug(result['machine']['cpu'])}"
+    paths = [stem.with_suffix(".json"), stem.with_suffix(".md"), stem.with_suffix(".png")]
+    paths[0].write_text(json.dumps(result, indent=1) + "\n")
+    paths[1].write_text(markdown(result))
+    plot(result, paths[2])
+    return paths
+
+
+def check_precisions(precisions: list[str]) -> list[str]:
+    ok = ("fp32", "bf16", *QUANTIZED)
+    bad = [p for p in precisions if p not in ok]
+    if bad or not precisions:
+        raise ValueError(f"--precisions takes a comma-separated list from {', '.join(ok)}, got {precisions}")
+    return precisions
