@@ -9,6 +9,10 @@ those modules, applied once at load; the model code is the same on every path:
                 nearly flat from 1 to ~12 tokens, per-row decode attention, and RMSNorm, RoPE and
                 SwiGLU fused into one call each; all batch invariant, so a k-token verify gives the
                 bits of k one-token steps
+    packed-amx  on a CPU with AMX, bf16: the packed path up to WIDE_ROWS - 1 tokens, and oneDNN's AMX
+                tile kernels (a second copy of the weights) for wider forwards (trees, prefill),
+                where AMX does 16-64 rows in about the time the weights take to stream; a verify that
+                wide is then not bit-identical to one-token steps (bf16 rounding differs)
 
 Precision is the weights': fp32 or bf16 as loaded (activations follow), or weight-only int8 /
 int4 through torch's CPU kernels (bf16 activations) for a draft model, which only has to be
@@ -24,10 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PATHS = ("reference", "onednn", "packed")
+PATHS = ("reference", "onednn", "packed", "packed-amx")
 PRECISIONS = ("fp32", "bf16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
 INT4_GROUP = 32                      # int4: one scale and zero per 32 weights of a row
+WIDE_ROWS = 12                       # packed-amx: forwards of this many rows or more go to oneDNN (AMX)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,10 @@ class KernelAttention(nn.Module):
         if q.shape[-1] not in cpu.HEAD_DIMS or q.is_cuda or q.dtype not in (torch.float32, torch.bfloat16):
             return cpu.attention_ref(q, k, v, mask)
         return cpu.decode_attention(q, k, v, mask)                                          # (B, H, T, hd)
+
+
+def _numel(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel()
 
 
 def _fused_ok(x: torch.Tensor, size: int) -> bool:
@@ -109,14 +118,24 @@ class KernelSwiGLU(nn.Module):
 
 
 class PackedLinear(nn.Module):
-    """nn.Linear through labkit's weight-streaming kernel; the weight is packed once, here."""
+    """nn.Linear through labkit's weight-streaming kernel; the weight is packed once, here.
 
-    def __init__(self, linear: nn.Linear):
+    wide_rows: also keep the weight in oneDNN's layout and send products of this many rows or
+    more there (the packed-amx path); None: every product runs the packed kernel."""
+
+    def __init__(self, linear: nn.Linear, wide_rows: int | None = None):
         super().__init__()
         from kernels import cpu
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("packed", cpu.pack_linear(linear.weight))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+        self.wide_rows = wide_rows
+        self.wide = OneDNNLinear(linear) if wide_rows else None
+
+    def weight_stats(self) -> tuple[int, int]:
+        """(parameters, bytes one forward streams): the packed copy (packed-amx keeps a second one for wide rows)."""
+        n, b = self.in_features * self.out_features, _numel(self.bias)
+        return n + b, n * self.packed.element_size() + b * 4
 
     @property
     def weight(self) -> torch.Tensor:
@@ -128,6 +147,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from kernels import cpu
+        if self.wide is not None and x.numel() >= self.wide_rows * self.in_features:
+            return self.wide(x).to(x.dtype)
         return cpu.packed_linear(x, self.packed, self.out_features, self.bias)
 
 
@@ -141,6 +162,12 @@ class OneDNNLinear(nn.Module):
         self.w = linear.weight.detach().to_mkldnn(self.dtype)                       # (N, K), oneDNN layout
         bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(self.out_features)
         self.b = bias.to_mkldnn()                                                   # fp32, as torch.utils.mkldnn
+        self.n_bias = 0 if linear.bias is None else self.out_features
+
+    def weight_stats(self) -> tuple[int, int]:
+        """(parameters, bytes): the weight and the bias (held outside torch's buffers, in oneDNN's tensors)."""
+        n = self.in_features * self.out_features
+        return n + self.n_bias, n * torch.finfo(self.dtype).bits // 8 + self.n_bias * 4
 
     @property
     def weight(self) -> torch.Tensor:
@@ -163,6 +190,10 @@ class Int8Linear(nn.Module):
         self.register_buffer("q", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scale", scale.to(torch.bfloat16))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+
+    def weight_stats(self) -> tuple[int, int]:
+        b = _numel(self.bias)
+        return self.q.numel() + b, self.q.numel() + (self.scale.numel() + b) * 2
 
     @property
     def weight(self) -> torch.Tensor:
@@ -196,6 +227,10 @@ class Int4Linear(nn.Module):
                              .to(torch.bfloat16))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
 
+    def weight_stats(self) -> tuple[int, int]:
+        n, b = self.in_features * self.out_features, _numel(self.bias)
+        return n + b, n // 2 + (self.scale_zero.numel() + b) * 2
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()            # (M, K)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, INT4_GROUP, self.scale_zero)  # (M, N)
@@ -227,6 +262,8 @@ def _linear_for(path: str, precision: str):
         return Int8Linear
     if precision == "int4":
         return Int4Linear
+    if path == "packed-amx":
+        return lambda linear: PackedLinear(linear, wide_rows=WIDE_ROWS)
     return {"reference": None, "onednn": OneDNNLinear, "packed": PackedLinear}[path]
 
 
@@ -236,11 +273,16 @@ def check_path(path: str, precision: str) -> None:
         raise ValueError(f"unknown forward path {path!r}: choose from {', '.join(PATHS)} (or 'auto')")
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: choose from {', '.join(PRECISIONS)}")
-    if path == "packed":
+    if path.startswith("packed"):
         from kernels import cpu
         ok, why = cpu.available()
         if not ok:
-            raise ValueError(f"the packed path cannot run here: {why}")
+            raise ValueError(f"the {path} path cannot run here: {why}")
+    if path == "packed-amx":
+        from kernels import cpu
+        if "amx_bf16" not in cpu.cpu_flags() or precision != "bf16":
+            raise ValueError("the packed-amx path needs a CPU with AMX (amx_bf16) and bf16 weights: "
+                             "use the packed path")
     if precision in QUANTIZED and not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
         raise ValueError(f"{precision} weights need torch's weight-only CPU kernels (torch >= 2.3): use bf16 or fp32")
 
@@ -284,7 +326,7 @@ def swap_modules(module: nn.Module, path: ForwardPath) -> ForwardPath:
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
             setattr(module, name, linear_for(child, path))
-        elif path.name == "packed" and type(child) in fused:
+        elif path.name.startswith("packed") and type(child) in fused:
             kernel = fused[type(child)]
             setattr(module, name, kernel(child) if kernel is KernelRMSNorm else kernel())
         else:

@@ -4,9 +4,10 @@ Which kernels make a k-token verify cost about what a one-token step costs depen
 (AVX2 only, AVX-512, AVX512_BF16, AMX) and on torch's build, so labkit measures instead of
 guessing. For a model's shape and precision it builds a few random-weight layers of that shape
 (more weight bytes than the CPU's caches hold, so they stream from memory as the real model's
-do), times a 1-token and an 8-token forward on every candidate path, and picks the fastest
-one-token path among those whose 8-token forward costs at most FLAT one-token forwards (the
-fastest 8-token path when none is that flat). It takes a few seconds and is cached per CPU,
+do), times 1-, 8- and 32-token forwards on every candidate path, and picks the fastest one-token
+path among those whose 8-token forward costs at most FLAT one-token forwards (the fastest
+8-token path when none is that flat); among paths within TIE of that one-token time, the one
+with the fastest 32-token forward (a token tree's verify) wins. It takes a few seconds and is cached per CPU,
 torch version, kernel build, thread count and shape; a cache entry from anything else is
 ignored and measured again.
 
@@ -27,8 +28,9 @@ from .backends import PATHS, QUANTIZED, apply_path, check_path
 from .model import ModelArgs, Transformer
 
 FLAT = 1.5                   # a path is flat when t(8) <= FLAT * t(1)
-CALIBRATION_TOKENS = (1, 8)
-CACHE_VERSION = 1
+TIE = 1.10                   # one-token times within 10% are a tie, decided by t(32)
+CALIBRATION_TOKENS = (1, 8, 32)
+CACHE_VERSION = 2
 
 
 def cpu_name() -> str:
@@ -64,7 +66,7 @@ class PathChoice:
     """The path chosen for one shape and precision, with the timings it was chosen from."""
     path: str
     precision: str
-    times: dict[str, dict[str, float]]   # path -> {"1": seconds, "8": seconds}
+    times: dict[str, dict[str, float]]   # path -> {"1": seconds, "8": ..., "32": ...}
     machine: dict
     source: str                          # "measured" or "cache"
     measured_at: str = ""
@@ -131,7 +133,7 @@ def _from_cache(entry: object, m: dict, precision: str) -> PathChoice | None:
     try:
         choice = PathChoice(**entry)
         ok = (choice.machine == m and choice.precision == precision and choice.path in choice.times
-              and all(set(t) == {"1", "8"} for t in choice.times.values()))
+              and all(set(t) == {str(T) for T in CALIBRATION_TOKENS} for t in choice.times.values()))
     except TypeError:
         return None
     return replace(choice, source="cache") if ok else None
@@ -162,11 +164,12 @@ def measure(args: ModelArgs, precision: str, paths: list[str], context: int = 64
 
 
 def pick(times: dict[str, dict[str, float]]) -> str:
-    """The fastest one-token path among the flat ones; the fastest 8-token path when none is flat."""
+    """The fastest one-token path among the flat ones (ties by t(32)); the fastest 8-token path when none is flat."""
     flat = [p for p, t in times.items() if t["8"] <= FLAT * t["1"]]
-    if flat:
-        return min(flat, key=lambda p: times[p]["1"])
-    return min(times, key=lambda p: times[p]["8"])
+    if not flat:
+        return min(times, key=lambda p: times[p]["8"])
+    fastest = min(times[p]["1"] for p in flat)
+    return min((p for p in flat if times[p]["1"] <= TIE * fastest), key=lambda p: times[p]["32"])
 
 
 def choose_path(args: ModelArgs, precision: str, use_cache: bool = True) -> PathChoice:

@@ -71,7 +71,7 @@ def add_verify_cost_parser(sub) -> None:
     v.add_argument("--context", type=int, default=256, help="cached tokens before each timed forward")
     v.add_argument("--repeats", type=int, default=5, help="timed runs per point (the best counts)")
     v.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
-    v.add_argument("--out", default="data/bench", help="verify_cost_<cpu>.{json,md,png} go here")
+    v.add_argument("--out", default="data/bench", help="verify_cost_<cpu>_<isa>.{json,md,png} go here")
 
 
 def add_bench_parser(sub) -> None:
@@ -205,12 +205,12 @@ def cmd_bench(a) -> int:
 
 
 def cmd_verify_cost(a) -> int:
-    from .backends import check_path
-    from .hw import verify_cost
+    from .backends import PATHS, check_path
+    from .hw import cost_curve
     paths = [p.strip() for p in a.paths.split(",") if p.strip()]
-    precisions = verify_cost.check_precisions([p.strip() for p in a.precisions.split(",") if p.strip()])
+    precisions = cost_curve.check_precisions([p.strip() for p in a.precisions.split(",") if p.strip()])
     for p in paths:
-        if p not in ("reference", "onednn", "packed"):
+        if p not in PATHS:
             check_path(p, "bf16")                       # the error names the paths there are
     try:
         tokens = tuple(sorted({int(t) for t in a.tokens.split(",")}))
@@ -219,9 +219,9 @@ def cmd_verify_cost(a) -> int:
     if not tokens or tokens[0] < 1 or a.context < 1 or a.repeats < 1 or a.threads < 1:
         raise ValueError("--tokens, --context, --repeats and --threads must be >= 1")
     torch.set_num_threads(a.threads)
-    result = verify_cost.measure(a.model, paths, precisions, tokens, a.context, a.repeats)
-    print(verify_cost.markdown(result))
-    for path in verify_cost.write(result, a.out):
+    result = cost_curve.measure(a.model, paths, precisions, tokens, a.context, a.repeats)
+    print(cost_curve.markdown(result))
+    for path in cost_curve.write(result, a.out):
         print(path)
     return 0
 

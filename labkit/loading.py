@@ -155,7 +155,7 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "bf16", backend: st
         dtype = DTYPES[dtype]
     if max_seq_len < 2:
         raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
-    if device != "cpu" and backend in ("onednn", "packed"):
+    if device != "cpu" and backend in PATHS and backend != "reference":
         raise ValueError(f"the {backend} path runs on a CPU; on {device} use backend='reference' (or 'auto')")
     source = resolve_model(name_or_path, progress=progress)
     try:

@@ -272,10 +272,27 @@ class Transformer(nn.Module):
         return self
 
 
+def _swapped(model: nn.Module) -> list[nn.Module]:
+    """The linear layers a forward path swapped in (backends.py): they hold their weights as buffers."""
+    found = [m for m in model.modules() if hasattr(m, "weight_stats")]
+    inner = {id(m.wide) for m in found if getattr(m, "wide", None) is not None}     # packed-amx's second copy
+    return [m for m in found if id(m) not in inner]
+
+
+def _tied_and_swapped(model: nn.Module) -> bool:
+    head = getattr(model, "lm_head", None)
+    return bool(getattr(getattr(model, "args", None), "tie_embeddings", False)) and hasattr(head, "weight_stats")
+
+
 def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """Parameters, on any forward path (a tied LM head counted once)."""
+    n = sum(p.numel() for p in model.parameters()) + sum(m.weight_stats()[0] for m in _swapped(model))
+    return n - (model.lm_head.weight_stats()[0] if _tied_and_swapped(model) else 0)
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes read per decode step to stream every weight once (tied weights counted once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes read per decode step to stream every weight once (tied weights counted once), on any path."""
+    n = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(m.weight_stats()[1] for m in _swapped(model))
+    if _tied_and_swapped(model):    # the LM head streams its own (packed) copy; the embedding only looks rows up
+        n -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
+    return n

@@ -37,8 +37,8 @@ def on_path(reference: Transformer, path: str, precision: str) -> Transformer:
     return apply_path(copy.deepcopy(reference), path, precision)
 
 
-CASES = [(p, prec) for p in PATHS for prec in ("fp32", "bf16")] + [("reference", "int8"), ("reference", "int4"),
-                                                                    ("packed", "int8")]
+CASES = [(p, prec) for p in PATHS if p != "packed-amx" for prec in ("fp32", "bf16")] + \
+    [("packed-amx", "bf16"), ("reference", "int8"), ("reference", "int4"), ("packed", "int8")]
 TOL = {"fp32": 1e-4, "bf16": 0.06, "int8": 0.25, "int4": 0.6}     # max |logit error| / max |logit|
 
 
@@ -48,7 +48,7 @@ def test_logits_match_the_reference(path, precision):
     ref = model(dtype)
     fast = on_path(ref, path, precision)
     assert fast.path == ForwardPath(path, precision, "cpu")
-    tokens = torch.tensor([[3, 9, 27, 81 % 96, 50, 7, 1, 2, 60]])                    # (1, 9)
+    tokens = torch.arange(7, 7 + 17 * 5, 5)[None] % 96                              # (1, 17): wide rows too
     want = ref(tokens, ref.new_cache())
     got = fast(tokens, fast.new_cache())
     assert got.shape == want.shape
@@ -60,7 +60,8 @@ def test_logits_match_the_reference(path, precision):
 
 # Exact where the target's kernels are batch invariant or fp32 (stock bf16 GEMMs round a k-row product
 # differently from k one-row products, so a near tie can flip); a quantised model is only ever a draft.
-EXACT = [(p, "fp32", "fp32") for p in PATHS] + [("packed", "bf16", d) for d in ("bf16", "int8", "int4")]
+EXACT = [(p, "fp32", "fp32") for p in PATHS if p != "packed-amx"] + \
+    [("packed", "bf16", d) for d in ("bf16", "int8", "int4")] + [("packed-amx", "bf16", "int8")]
 
 
 @pytest.mark.parametrize("path,precision,draft_precision", EXACT)
@@ -156,3 +157,17 @@ def test_load_model_runs_the_path_asked_and_records_it(tmp_path):
         assert autoregressive_generate(fast.model, prompt, 20).tokens == autoregressive_generate(ref.model, prompt, 20).tokens
     draft = load_model(str(tmp_path), dtype="int8", backend="reference", progress=False)
     assert draft.path == ForwardPath("reference", "int8", "cpu")
+
+
+@pytest.mark.parametrize("path,precision", CASES)
+def test_parameters_and_weight_bytes_are_counted_on_every_path(path, precision):
+    from labkit.model import count_params, weight_bytes
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    ref = model(dtype)
+    fast = on_path(ref, path, precision)
+    assert count_params(fast) == count_params(ref)
+    per_weight = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5 + 4 / 32}[precision]    # int4: + scale, zero per 32
+    linears = sum(m.weight.numel() for m in ref.modules() if isinstance(m, torch.nn.Linear))   # tied head once
+    others = sum(p.numel() * p.element_size() for n, p in ref.named_parameters() if p.dim() == 1)
+    want = linears * per_weight + others * (1 if precision in ("fp32", "bf16") else 2 / ref.embed_tokens.weight.element_size())
+    assert abs(weight_bytes(fast) - want) / want < 0.08     # quantised: plus the scales

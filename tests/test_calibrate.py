@@ -14,14 +14,19 @@ SMALL = ModelArgs(vocab_size=512, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, 
 
 
 def test_pick_prefers_the_fastest_flat_path():
-    times = {"reference": {"1": 10.0, "8": 30.0},      # fast at 1 token, 3x at 8: not flat
-             "onednn": {"1": 12.0, "8": 16.0},
-             "packed": {"1": 11.0, "8": 13.0}}
+    times = {"reference": {"1": 10.0, "8": 30.0, "32": 60.0},      # fast at 1 token, 3x at 8: not flat
+             "onednn": {"1": 12.0, "8": 16.0, "32": 18.0},
+             "packed": {"1": 11.0, "8": 13.0, "32": 30.0}}
     assert pick(times) == "packed"
-    times["packed"] = {"1": 11.0, "8": 40.0}
+    times["packed-amx"] = {"1": 11.2, "8": 13.1, "32": 17.0}     # a tie at 1 token: the wider verify decides
+    assert pick(times) == "packed-amx"
+    times["packed-amx"]["1"] = 12.5                                # 14% slower: no longer a tie
+    assert pick(times) == "packed"
+    times["packed"]["8"] = 40.0
+    del times["packed-amx"]
     assert pick(times) == "onednn"
     # none flat: the fastest 8-token forward (a verify is what speculation runs most)
-    assert pick({"reference": {"1": 10.0, "8": 30.0}, "onednn": {"1": 12.0, "8": 20.0}}) == "onednn"
+    assert pick({"reference": {"1": 10.0, "8": 30.0, "32": 60.0}, "onednn": {"1": 12.0, "8": 20.0, "32": 50.0}}) == "onednn"
 
 
 @pytest.fixture
@@ -33,7 +38,7 @@ def cache_dir(tmp_path, monkeypatch):
 def fake_measure(calls):
     def measure(args, precision, paths, **kw):
         calls.append((precision, tuple(paths)))
-        return {p: {"1": 0.01 * (i + 1), "8": 0.012 * (i + 1)} for i, p in enumerate(paths)}
+        return {p: {"1": 0.01 * (i + 1), "8": 0.012 * (i + 1), "32": 0.02 * (i + 1)} for i, p in enumerate(paths)}
     return measure
 
 
@@ -84,14 +89,14 @@ def test_real_measurement_on_random_layers(cache_dir):
     """The real timing code: every candidate path timed at 1 and 8 tokens, the choice among them."""
     choice = choose_path(SMALL, "fp32", use_cache=False)
     assert set(choice.times) == set(calibrate.candidates("fp32")) and "reference" in choice.times
-    assert all(t["1"] > 0 and t["8"] > 0 for t in choice.times.values())
+    assert all(t["1"] > 0 and t["8"] > 0 and t["32"] > 0 for t in choice.times.values())
     assert choice.path == pick(choice.times)
     assert "t(8)/t(1)" in calibrate.describe(choice) and choice.machine["cpu"] in calibrate.describe(choice)
 
 
 def test_draft_precision_is_the_fastest_one_token_forward(cache_dir, monkeypatch):
     def measure(args, precision, paths, **kw):
-        return {p: {"1": {"bf16": 3.0, "int8": 2.0, "int4": 1.0}[precision], "8": 4.0} for p in paths}
+        return {p: {"1": {"bf16": 3.0, "int8": 2.0, "int4": 1.0}[precision], "8": 4.0, "32": 5.0} for p in paths}
     monkeypatch.setattr(calibrate, "measure", measure)
     assert calibrate.choose_precision(SMALL).precision == "int4"
     assert calibrate.choose_precision(SMALL, ("bf16",)).precision == "bf16"

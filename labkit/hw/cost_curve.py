@@ -10,8 +10,8 @@ streaming the weights once) and the compute line (FLOPs of T tokens / measured m
     python -m labkit verify-cost                       # the 1.5B target, every path, bf16 and fp32
     python -m labkit verify-cost --paths packed --precisions bf16 --tokens 1,8,32
 
-Writes data/bench/verify_cost_<cpu>.{json,md,png} (the CPU's name in the file name: the numbers
-are this machine's).
+Writes data/bench/verify_cost_<cpu>_<isa>.{json,md,png} (the CPU's name and ISA in the file name:
+the numbers are this machine's).
 """
 from __future__ import annotations
 
@@ -36,6 +36,12 @@ BYTES = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5}
 def cpu_slug(name: str) -> str:
     """'AMD EPYC 9B45' -> 'amd-epyc-9b45' (for file names)."""
     return re.sub(r"[^a-z0-9]+", "-", re.sub(r"\((r|tm)\)|cpu|processor|@.*", "", name.lower())).strip("-")
+
+
+def machine_slug(m: dict) -> str:
+    """'intel-xeon_avx512-bf16-amx': the CPU's name and its ISA (one name can cover CPUs of several generations)."""
+    isa = m["isa"].replace("_", "-") + ("-amx" if "amx_bf16" in m.get("units", []) else "")
+    return f"{cpu_slug(m['cpu'])}_{isa}"
 
 
 def load_average() -> list[float]:
@@ -117,7 +123,7 @@ def plot(result: dict, path: Path | None = None, ax=None):
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(8, 4.8))
-    colours = {"reference": "tab:gray", "onednn": "tab:orange", "packed": "tab:blue"}
+    colours = {"reference": "tab:gray", "onednn": "tab:orange", "packed": "tab:blue", "packed-amx": "tab:green"}
     styles = {"fp32": "-", "bf16": "--", "int8": ":", "int4": "-."}
     for r in result["rows"]:
         if "times_s" not in r:
@@ -128,7 +134,7 @@ def plot(result: dict, path: Path | None = None, ax=None):
         r = next(x for x in result["rows"] if x["precision"] == precision and "times_s" in x)
         bw = r["bandwidth_line_s"] * 1e3
         roof = [max(bw, r["compute_line_s"][str(t)] * 1e3) for t in T]
-        ax.plot(T, roof, styles.get(precision, "-"), color="tab:green", lw=2.5, alpha=0.5,
+        ax.plot(T, roof, styles.get(precision, "-"), color="black", lw=2.5, alpha=0.25,
                 label=f"{precision}: max(bandwidth line, compute line)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -149,7 +155,7 @@ def plot(result: dict, path: Path | None = None, ax=None):
 def write(result: dict, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"verify_cost_{cpu_slug(result['machine']['cpu'])}"
+    stem = out / f"verify_cost_{machine_slug(result['machine'])}"
     paths = [stem.with_suffix(".json"), stem.with_suffix(".md"), stem.with_suffix(".png")]
     paths[0].write_text(json.dumps(result, indent=1) + "\n")
     paths[1].write_text(markdown(result))
