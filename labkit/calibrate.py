@@ -169,7 +169,11 @@ def pick(times: dict[str, dict[str, float]]) -> str:
     if not flat:
         return min(times, key=lambda p: times[p]["8"])
     fastest = min(times[p]["1"] for p in flat)
-    return min((p for p in flat if times[p]["1"] <= TIE * fastest), key=lambda p: times[p]["32"])
+    best = min((p for p in flat if times[p]["1"] <= TIE * fastest), key=lambda p: times[p]["32"])
+    # packed-amx runs the packed kernels below WIDE_ROWS tokens: its 1- and 8-token times are packed's up to noise
+    if best == "packed" and "packed-amx" in times and times["packed-amx"]["32"] < times["packed"]["32"]:
+        best = "packed-amx"
+    return best
 
 
 def choose_path(args: ModelArgs, precision: str, use_cache: bool = True) -> PathChoice:

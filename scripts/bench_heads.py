@@ -2,22 +2,20 @@
 
     python scripts/bench_heads.py            # -> data/bench/heads.json, data/bench/heads.md
 
-Greedy, the embedded target (fp32 by default, see below), the same code prompts for every method: the three `coding`
-questions of data/questions/labkit_bench.jsonl and the three code prompts of
+Greedy, the embedded target (bf16 by default, on the forward path this machine measured fastest;
+the draft in its own cheapest precision), the same code prompts for every method: the three
+`coding` questions of data/questions/labkit_bench.jsonl and the three code prompts of
 data/prompts/core_bench.jsonl. Each prompt runs every method back to back in one process
 (autoregressive first), so every speedup is a ratio of times measured side by side.
 Tokens per forward count every committed token, the bonus/correction token included.
-
-Why fp32: on a CPU without AVX-512 (this machine is an AMD EPYC with AVX2 only) a bf16 forward
-over several tokens is compute-bound in emulated bf16: 7 tokens cost ~6x one token, where fp32
-costs ~4x and a one-token forward costs the same in both. The script also measures this verify
-cost curve (one forward of T tokens after a 100-token prefix), since it decides what a tree can gain.
+The script also measures the verify cost curve (one forward of T tokens after a 100-token
+prefix) on the same path, since it decides what a tree can gain.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,7 +24,8 @@ import torch
 from tqdm.auto import tqdm
 
 from labkit import DraftModelDrafter, autoregressive_generate, load_model, speculative_generate
-from labkit.cli import encode_prompt
+from labkit.cli import encode_prompt, run_facts
+from labkit.loading import load_draft
 from labkit.heads.checkpoint import REPO_HEADS, load_medusa
 from labkit.heads.eagle import EagleDrafter, load_eagle
 from labkit.heads.medusa import MedusaDrafter, typical_accept_rule
@@ -53,13 +52,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
     ap.add_argument("--limit", type=int, default=None, help="the first N prompts only")
     ap.add_argument("--out", default=str(ROOT / "data/bench/heads"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    load_before = list(os.getloadavg())
     target = load_model("qwen2.5-coder-1.5b-instruct", args.dtype, progress=False)
-    draft = load_model("qwen2.5-coder-0.5b-instruct", args.dtype, progress=False)
+    draft = load_draft("qwen2.5-coder-0.5b-instruct", target, progress=False)
+    facts = run_facts(target, draft)
     model, eos, n = target.model, target.eos_token_ids, args.max_new_tokens
     heads, medusa_cfg = load_medusa(REPO_HEADS / "medusa-qwen2.5-coder-1.5b", model)
     eagle_head, vocab, eagle_cfg = load_eagle(REPO_HEADS / "eagle-qwen2.5-coder-1.5b", model)
@@ -112,10 +113,10 @@ def main() -> None:
                      "tokens per forward": round(tokens / sum(r[name]["forwards"] for r in per_prompt), 2),
                      "speedup": round((tokens / sum(r[name]["seconds"] for r in per_prompt)) / (ar_tokens / ar_seconds), 2),
                      "same text as greedy": f"{sum(r[name]['exact'] for r in per_prompt)}/{len(per_prompt)}"})
-    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.processor() or platform.machine(),
-              "threads": args.threads, "dtype": args.dtype,
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ran_on": facts,
+              "threads": args.threads, "dtype": args.dtype, "load_average_before": load_before,
               "verify_seconds_by_tokens": verify_cost, "max_new_tokens": n, "prompts": [p for p, _ in prompts],
-              "load_average_after": list(__import__("os").getloadavg()),
+              "load_average_after": list(os.getloadavg()),
               "note": "tokens per forward includes the bonus/correction token; speedup = (tokens/s) / (autoregressive "
                       "tokens/s), measured side by side per prompt; 'same text' compares with greedy decoding in the same dtype",
               "rows": rows, "per_prompt": per_prompt,
@@ -127,8 +128,11 @@ def main() -> None:
     lines += [f"| {r['method']} | {r['node budget']} | {r['tokens per forward']:.2f} | {r['speedup']:.2f}x | "
               f"{r['same text as greedy']} |" for r in rows]
     cost = ", ".join(f"{T}: {s / verify_cost[1]:.2f}x" for T, s in verify_cost.items())
-    out.with_suffix(".md").write_text(f"Greedy, {args.dtype} target, {len(prompts)} code prompts x {n} new tokens, "
-                                      f"{args.threads} threads, {result['date']}. Tokens per forward include the "
+    out.with_suffix(".md").write_text(f"Greedy, {len(prompts)} code prompts x {n} new tokens, {facts['cpu']} "
+                                      f"({facts['isa']}), {args.threads} threads, target: {facts['target']}, draft: "
+                                      f"{facts['draft']}; load average {load_before[0]:.2f} before, "
+                                      f"{result['load_average_after'][0]:.2f} after; {result['date']}. "
+                                      f"Tokens per forward include the "
                                       f"bonus/correction token.\n\nCost of one target forward over T tokens, "
                                       f"relative to T = 1: {cost}.\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -15,12 +15,14 @@ SMALL = ModelArgs(vocab_size=512, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, 
 
 def test_pick_prefers_the_fastest_flat_path():
     times = {"reference": {"1": 10.0, "8": 30.0, "32": 60.0},      # fast at 1 token, 3x at 8: not flat
-             "onednn": {"1": 12.0, "8": 16.0, "32": 18.0},
+             "onednn": {"1": 12.5, "8": 16.0, "32": 18.0},
              "packed": {"1": 11.0, "8": 13.0, "32": 30.0}}
     assert pick(times) == "packed"
     times["packed-amx"] = {"1": 11.2, "8": 13.1, "32": 17.0}     # a tie at 1 token: the wider verify decides
     assert pick(times) == "packed-amx"
-    times["packed-amx"]["1"] = 12.5                                # 14% slower: no longer a tie
+    times["packed-amx"]["1"] = 12.5        # 14% slower at one token, but the same kernels there: noise
+    assert pick(times) == "packed-amx"
+    times["packed-amx"]["32"] = 31.0
     assert pick(times) == "packed"
     times["packed"]["8"] = 40.0
     del times["packed-amx"]

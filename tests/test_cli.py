@@ -80,3 +80,34 @@ def test_corrupted_weights(tmp_path, capsys):
     code, _, err = run(capsys, "generate", "--target", str(tmp_path), "--prompt", "x", "--drafter", "none",
                        "--no-chat-template")
     assert code == 2 and "corrupted" in err and "Traceback" not in err
+
+
+def test_json_records_where_it_ran(ckpts, capsys):
+    code, out, err = generate(capsys, ckpts[0], "--drafter", "draft", "--backend", "reference", "--draft-precision",
+                              "int8", "--json", "--max-new-tokens", "5")
+    ran_on = json.loads(out)["ran_on"]
+    assert code == 0 and "[ran on]" in err
+    assert ran_on["target_path"] == {"path": "reference", "precision": "fp32", "device": "cpu"}
+    assert ran_on["draft_path"]["precision"] == "int8" and ran_on["cpu"] and ran_on["threads"] >= 1
+
+
+@pytest.mark.parametrize("extra,message", [(("--backend", "turbo"), "invalid choice"),
+                                           (("--draft-precision", "int3"), "invalid choice")])
+def test_bad_backend_and_draft_precision(ckpts, capsys, extra, message):
+    with pytest.raises(SystemExit) as e:
+        generate(capsys, ckpts[0], *extra)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_verify_cost_writes_table_json_and_plot(ckpts, capsys, tmp_path):
+    code, out, _ = run(capsys, "verify-cost", "--model", ckpts[0], "--paths", "reference,packed", "--precisions",
+                       "fp32", "--tokens", "1,4", "--repeats", "1", "--context", "8", "--out", str(tmp_path))
+    assert code == 0 and "| reference | fp32 |" in out
+    written = sorted(p.suffix for p in tmp_path.glob("verify_cost_*"))
+    assert written == [".json", ".md", ".png"]
+    result = json.loads(next(tmp_path.glob("verify_cost_*.json")).read_text())
+    assert {r["path"] for r in result["rows"]} == {"reference", "packed"}
+    measured = [r for r in result["rows"] if "times_s" in r]
+    assert measured and all(r["ratio"]["1"] == 1.0 and r["times_s"]["4"] > 0 for r in measured)
+    code, _, err = run(capsys, "verify-cost", "--model", ckpts[0], "--precisions", "fp8", "--out", str(tmp_path))
+    assert code == 2 and "--precisions takes" in err
