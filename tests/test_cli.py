@@ -86,9 +86,11 @@ def test_json_records_where_it_ran(ckpts, capsys):
     code, out, err = generate(capsys, ckpts[0], "--drafter", "draft", "--backend", "reference", "--draft-precision",
                               "int8", "--json", "--max-new-tokens", "5")
     ran_on = json.loads(out)["ran_on"]
-    assert code == 0 and "[ran on]" in err
+    assert code == 0
     assert ran_on["target_path"] == {"path": "reference", "precision": "fp32", "device": "cpu"}
     assert ran_on["draft_path"]["precision"] == "int8" and ran_on["cpu"] and ran_on["threads"] >= 1
+    code, _, err = generate(capsys, ckpts[0], "--drafter", "none", "--backend", "reference", "--max-new-tokens", "3")
+    assert code == 0 and "[ran on]" in err and "reference path, fp32 weights" in err
 
 
 @pytest.mark.parametrize("extra,message", [(("--backend", "turbo"), "invalid choice"),
