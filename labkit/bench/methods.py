@@ -1,8 +1,9 @@
 """What the benchmark runs: a registry of methods, each `run(prompt_ids) -> MethodResult`.
 
 labkit's decoders run on labkit's own model; the peers run transformers' `generate` on the
-same checkpoint (plain, `assistant_model=`, `prompt_lookup_num_tokens=`). A new technique
-(Medusa, EAGLE, MTP) plugs in as one more entry in METHODS.
+same checkpoint (plain, `assistant_model=`, `prompt_lookup_num_tokens=`), and llama.cpp on the
+presets' GGUF files where `make llama-cpp` built it (`llama_cpp.py`). A new technique (Medusa,
+EAGLE, MTP) plugs in as one more entry in METHODS.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..tree_decoding import tree_generate
 
 BASELINE = "ar"             # every speedup is over this method, measured on the same question
 PEER_BASELINE = "hf-generate"
+LLAMA_BASELINE = "llama-cpp"
 
 
 @dataclass
@@ -29,6 +31,7 @@ class MethodResult:
     draft_time: float | None             # seconds spent drafting (None: not measurable, e.g. transformers' lookup)
     verify_time: float                   # seconds inside target forwards
     steps: list[list] | None = None      # per step [γ, accepted, bonus, draft s, verify s]; labkit methods only
+    seconds: float | None = None         # the method's own clock (llama.cpp: no process start); None: wall time
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Models:
     hf_target: torch.nn.Module | None = None
     hf_draft: torch.nn.Module | None = None
     timers: dict = field(default_factory=dict)   # hf module -> ForwardTimer
+    draft_name: str | None = None        # the draft preset, for peers that load it themselves (llama.cpp)
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,28 @@ def _tree(drafter: Callable[[Models], object], budget: int):
         eos, tree_drafter = m.target.eos_token_ids, drafter(m)
         return lambda ids: from_generation(tree_generate(m.target.model, tree_drafter, ids, n, budget,
                                                          eos_token_ids=eos))
+    return build
+
+
+def _llama_cpp(speculative: bool = False):
+    """llama.cpp's programs on the presets' GGUF files (tokens: its new text in the target's tokenizer)."""
+    def build(m: Models, n: int, gamma: int, lookup_tokens: int):
+        from . import llama_cpp
+        llama_cpp.check_available()
+        tokenizer, target = m.target.tokenizer, llama_cpp.gguf_file(m.target.name)
+        draft = llama_cpp.gguf_file(m.draft_name) if speculative else None
+
+        def run(ids: torch.Tensor) -> MethodResult:
+            prompt = tokenizer.decode(ids, skip_special_tokens=False)                  # the chat-templated text
+            threads = torch.get_num_threads()
+            r = llama_cpp.speculative(target, draft, prompt, n, gamma, threads) if speculative \
+                else llama_cpp.completion(target, prompt, n, threads)
+            tokens = tokenizer(r.text, add_special_tokens=False)["input_ids"]
+            # its speculative program may commit a few tokens past n: keep n, and the time of the tokens kept
+            share = min(n, len(tokens)) / len(tokens) if tokens else 1.0
+            forwards = max(1, round(r.target_forwards * share))
+            return MethodResult(tokens[:n], forwards, None, r.seconds * share, None, r.seconds * share)
+        return run
     return build
 
 
@@ -165,6 +191,7 @@ def _transformers(assisted: bool = False, lookup: bool = False):
 # these were chosen; on an AVX2-only CPU far more (README, "No speedup on this CPU")
 MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET = 32, 8, 6, 32
 _D, _HF, _HFD, _H = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"}), frozenset({"heads"})
+_LC = frozenset({"llama-cpp"})
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("ar", "labkit autoregressive", frozenset(), _autoregressive),
     Method("draft", "labkit draft model, γ={gamma}", _D, _speculative(_draft_model, lambda g: g)),
@@ -182,18 +209,31 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("hf-assisted", "transformers assisted", _HFD, _transformers(assisted=True), PEER_BASELINE),
     Method("hf-lookup", "transformers prompt lookup, {lookup_tokens} tokens", _HF, _transformers(lookup=True),
            PEER_BASELINE),
+    Method("llama-cpp", "llama.cpp autoregressive (Q4_K_M)", _LC, _llama_cpp(), LLAMA_BASELINE),
+    Method("llama-cpp-draft", "llama.cpp draft model, γ={gamma} (Q4_K_M)", _LC, _llama_cpp(speculative=True),
+           LLAMA_BASELINE),
 ]}
 
 
 def default_methods(target: str) -> list[str]:
-    """Every method that runs on `target`: the trained-head methods only on the target they were trained on."""
-    return [n for n, m in METHODS.items() if "heads" not in m.needs or target == HEADS_TARGET]
+    """Every method that runs on `target`: the trained-head methods only on the target they were trained on,
+    llama.cpp's where it is built and the target is a preset (it reads the preset's GGUF)."""
+    from ..hub import PRESETS
+    from .llama_cpp import available
+    return [n for n, m in METHODS.items() if ("heads" not in m.needs or target == HEADS_TARGET)
+            and ("llama-cpp" not in m.needs or (target in PRESETS and available()))]
 
 
 def check_methods(names: list[str]) -> list[str]:
     """The chosen methods in run order, the baseline first (speedups need it), or a clear error."""
+    if not names:
+        raise ValueError(f"--methods names no method: choose one or more of {', '.join(METHODS)} (comma-separated), "
+                         "or leave --methods out to run every method")
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}: choose from {', '.join(METHODS)}")
+    if any("llama-cpp" in METHODS[n].needs for n in names):
+        from .llama_cpp import check_available
+        check_available()
     wanted = {BASELINE, *names, *(METHODS[n].reference for n in names)}
     return [n for n in METHODS if n in wanted]              # registry order: each reference before its family

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..textfile import read_text
+
 
 class QuestionFileError(ValueError):
     """A question file that cannot be read; the message names the file, the line and the fix."""
@@ -49,12 +51,12 @@ def read_questions(path: str | Path, categories: list[str] | None = None, limit:
     """The questions of a Spec-Bench jsonl file, filtered by category, the first `limit` of them."""
     path = Path(path)
     if not path.is_file():
-        raise QuestionFileError(f"question file {path} does not exist: pass --questions FILE.jsonl "
-                                "(data/questions/labkit_bench.jsonl ships with labkit)")
+        raise QuestionFileError(f"question file {path} {'is a directory' if path.is_dir() else 'does not exist'}: "
+                                "pass --questions FILE.jsonl (data/questions/labkit_bench.jsonl ships with labkit)")
     if limit is not None and limit < 1:
         raise QuestionFileError(f"--limit must be >= 1, got {limit}")
     questions, seen = [], set()
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(read_text(path, "--questions").splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -70,8 +72,10 @@ def read_questions(path: str | Path, categories: list[str] | None = None, limit:
         questions.append(q)
     if not questions:
         raise QuestionFileError(f"{path} holds no questions")
-    if categories:
+    if categories is not None:
         known = sorted({q.category for q in questions})
+        if not categories:
+            raise QuestionFileError(f"--categories names no category: choose from {known}, or leave it out")
         unknown = [c for c in categories if c not in known]
         if unknown:
             raise QuestionFileError(f"no questions of categories {unknown} in {path}; its categories are {known}")

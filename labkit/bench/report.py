@@ -40,6 +40,7 @@ class Row:
     ideal_speedup: float | None
     same_as_baseline: int          # questions whose tokens equal labkit's autoregressive output
     same_as_reference: int         # ... equal the plain decoder of the method's own stack
+    speedup_over_reference: float | None = None   # tok/s over the plain decoder of its own stack (None: absent)
 
 
 @dataclass
@@ -123,14 +124,21 @@ def aggregate(records: list[dict], labels: dict[str, str] | None = None) -> tupl
         qs = [q for q in questions if cat in (ALL, category[q])]
         for m in methods:
             if qs:
-                rows.append(_row(cat, m, (labels or {}).get(m, m), [by[q, m] for q in qs],
-                                 [by[q, BASELINE] for q in qs], mismatches))
+                ref = by[qs[0], m]["reference"]
+                row = _row(cat, m, (labels or {}).get(m, m), [by[q, m] for q in qs],
+                           [by[q, BASELINE] for q in qs], mismatches)
+                if ref in methods:
+                    row.speedup_over_reference = row.tokens_per_second / _tps([by[q, ref] for q in qs])
+                rows.append(row)
     return rows, mismatches
 
 
+def _tps(records: list[dict]) -> float:
+    return sum(x["new_tokens"] for x in records) / sum(x["seconds"] for x in records)
+
+
 def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mismatches: list[Mismatch]) -> Row:
-    def tps(xs):
-        return sum(x["new_tokens"] for x in xs) / sum(x["seconds"] for x in xs)
+    tps = _tps
     seconds = sum(r["seconds"] for r in rs)
     drafted = [s for r in rs for s in r["steps"] or [] if s[0] > 0]
     proposed = sum(s[0] for s in drafted)
@@ -169,17 +177,20 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
              f"{meta['dtype']}, greedy, max_new_tokens={meta['max_new_tokens']}, γ={meta['gamma']}. "
              + _ran_on(meta) + "Every ratio compares methods run back to back on the same question, which "
              "cancels slow drift, not bursts." + (f" {note}" if note else ""), "",
-             "Definitions: *tok/s* = new tokens / wall seconds (prefill included), summed over the questions; "
-             "*× AR* = tok/s over labkit autoregressive's on the same questions; *tok/fwd* = new tokens / target "
+             "Definitions: *tok/s* = new tokens / wall seconds (prefill included; for llama.cpp its own clocks, "
+             "which leave out its process start and model load), summed over the questions; "
+             "*× AR* = tok/s over labkit autoregressive's on the same questions; *× own* = tok/s over the plain "
+             "decoder of the method's own stack (labkit's, transformers' generate, llama.cpp's); *tok/fwd* = new tokens / target "
              "forward passes (each pass commits its accepted draft tokens plus the target's own bonus or correction "
              "token); *accept* = accepted / proposed draft tokens; *draft*, *verify* = shares of wall time spent "
              "drafting and in target forwards; *ideal ×* = Leviathan et al.'s speedup for this run's measured "
              "acceptance and step costs; *= AR* / *= ref* = questions whose output equals labkit autoregressive's / "
              "the plain decoder of the method's own stack (transformers generate for the peers) token for token.", "",
-             "| category | method | n | tok/s | × AR | tok/fwd | accept | draft | verify | ideal × | = AR | = ref |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| category | method | n | tok/s | × AR | × own | tok/fwd | accept | draft | verify | ideal × | = AR | = ref |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.category} | {r.label} | {r.questions} | {r.tokens_per_second:.2f} | {r.speedup:.2f} | "
+                     f"{_fmt(r.speedup_over_reference)} | "
                      f"{_fmt(r.tokens_per_forward)} | {_fmt(r.acceptance_rate)} | {_fmt(r.draft_share, '{:.0%}')} | "
                      f"{r.verify_share:.0%} | {_fmt(r.ideal_speedup)} | {r.same_as_baseline}/{r.questions} | "
                      f"{r.same_as_reference}/{r.questions} |")
@@ -188,8 +199,8 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
         lines.append("None: every method's output equals its reference token for token on every question.")
     else:
         lines += ["Greedy decoding is exact in exact arithmetic, so these are rounding, not bugs, when the dtype is "
-                  "bf16: a k-token verify forward (and another library's kernels) rounds differently from a 1-token "
-                  "forward, so a near-tie between the top two tokens can flip, and the outputs part from there "
+                  "bf16: a k-token verify forward (and another library's kernels; llama.cpp multiplies Q4_K weights "
+                  "by 8-bit quantised activations) rounds differently from a 1-token forward, so a near-tie between the top two tokens can flip, and the outputs part from there "
                   "(the fp32 tests show token-for-token equality).", "",
                   "| question | category | method | reference | first different token |", "|---|---|---|---|---|"]
         lines += [f"| {x.question_id} | {x.category} | {x.method} | {x.reference} | {x.first_difference} |"

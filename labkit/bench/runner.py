@@ -61,16 +61,27 @@ class BenchConfig:
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
 
 
+RESULT_KEYS = ("question_id", "question_sha", "category", "method", "reference", "exact", "new_tokens", "seconds",
+               "tokens", "target_forwards", "draft_time", "verify_time", "steps")
+
+
 def read_results(path: Path) -> list[dict]:
-    """Every complete JSON line of a results file (a line cut short by a kill is skipped)."""
+    """Every complete JSON line of a results file (a line cut short by a kill is skipped); a line that is
+    JSON but not a benchmark record is an error naming the file and line."""
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict) and "run" in record and (
+                isinstance(record.get("meta"), dict) or all(k in record for k in RESULT_KEYS)):
+            records.append(record)
+            continue
+        raise ValueError(f"{path}:{n} is JSON but not a benchmark record (a run's meta, or a result with "
+                         f"{', '.join(RESULT_KEYS)}): remove that line, or give --out a directory of its own")
     return records
 
 
@@ -96,7 +107,8 @@ def load_models(config: BenchConfig, progress: bool = True) -> Models:
     from ..hub import resolve_model
     from ..loading import DTYPES, load_draft, load_model
     needs = set().union(*(METHODS[n].needs for n in config.methods))
-    models = Models(load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress))
+    models = Models(load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress),
+                    draft_name=config.draft)
     if "draft" in needs:
         models.draft = load_draft(config.draft, models.target, config.draft_precision, config.backend,
                                   progress=progress)
@@ -116,12 +128,28 @@ def encode(models: Models, q: Question, chat_template: bool) -> torch.Tensor:
     return encode_prompt(models.target.tokenizer, q.prompt, chat_template)   # (T,)
 
 
+def output_dir(out: str | Path) -> Path:
+    """The benchmark's output directory, created and checked writable before any model loads."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a directory (results.jsonl, tables and plots go there)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".labkit-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write there ({e.strerror}): give a directory you can write to") from None
+    results = out / RESULTS
+    if results.exists() and not results.is_file():
+        raise ValueError(f"--out {out}: {results} is not a file: remove it or give another directory")
+    return out
+
+
 def run_bench(config: BenchConfig, models: Models | None = None, progress: bool = True) -> Path:
     """Run every pending (question, method) pair; returns the results file."""
     questions = read_questions(config.questions, config.categories, config.limit)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / RESULTS
+    path = output_dir(config.out) / RESULTS
     done = done_pairs(read_results(path), config.run_key)
     todo = [(q, [m for m in config.methods if (q.question_id, q.sha, m) not in done]) for q in questions]
     todo = [(q, ms) for q, ms in todo if ms]
@@ -154,12 +182,12 @@ def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[str]]], pa
             bar.set_postfix_str(f"{q.question_id} {name}")
             t0 = time.perf_counter()
             result = runs[name](ids)
-            seconds = time.perf_counter() - t0
+            wall = time.perf_counter() - t0
             m = METHODS[name]
             _append(path, {"run": config.run_key, "question_id": q.question_id, "question_sha": q.sha,
                            "category": q.category, "method": name, "reference": m.reference, "exact": m.exact,
-                           "prompt_tokens": ids.numel(), "new_tokens": len(result.tokens), "seconds": seconds,
-                           **asdict(result)})
+                           "prompt_tokens": ids.numel(), "new_tokens": len(result.tokens),
+                           **asdict(result), "seconds": wall if result.seconds is None else result.seconds})
             bar.update()
     bar.close()
 

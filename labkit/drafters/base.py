@@ -38,6 +38,9 @@ class Proposal:
 class Drafter(ABC):
     name: str = "drafter"
 
+    def check_target(self, target) -> None:
+        """Raise ValueError, saying what to do, when this drafter cannot draft for `target`."""
+
     def start(self, prompt_ids: torch.Tensor) -> None:
         """Get ready for a new sequence whose prompt is `prompt_ids` (T,)."""
 

@@ -22,6 +22,9 @@ class DraftModelDrafter(Drafter):
         self.model, self.stop_below, self.eos_token_ids = model, stop_below, set(eos_token_ids)
         self.cache = None
 
+    def check_target(self, target) -> None:
+        check_draft_model(target, self.model)
+
     def start(self, prompt_ids: torch.Tensor) -> None:
         self.cache = self.model.new_cache()
 
@@ -47,3 +50,15 @@ class DraftModelDrafter(Drafter):
 
     def rollback(self, n_valid: int) -> None:
         self.cache.truncate(min(self.cache.length, n_valid))
+
+
+def check_draft_model(target, draft) -> None:
+    """A draft model must share the target's vocabulary and hold as long a context."""
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"the draft model's vocabulary has {draft.vocab_size} ids, the target's {target.vocab_size}: "
+                         "a draft must use the target's tokenizer (pick one from the target's family), or use "
+                         "PromptLookupDrafter, which needs no model")
+    if draft.max_seq_len < target.max_seq_len:
+        raise ValueError(f"the draft model's context holds {draft.max_seq_len} tokens, the target's "
+                         f"{target.max_seq_len}: load the draft with max_seq_len={target.max_seq_len} "
+                         f"(or the target with {draft.max_seq_len})")

@@ -47,6 +47,9 @@ class TreeProposal:
 class TreeDrafter(ABC):
     name: str = "tree-drafter"
 
+    def check_target(self, target) -> None:
+        """Raise ValueError, saying what to do, when this drafter cannot draft for `target`."""
+
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor) -> None:
         """A new sequence: `prompt_ids` (T,), `features` (T-1, D) of the prompt's cached positions."""
 
@@ -93,6 +96,9 @@ class ChainAsTree(TreeDrafter):
 
     def __init__(self, drafter: Drafter):
         self.drafter, self.name = drafter, drafter.name
+
+    def check_target(self, target):
+        self.drafter.check_target(target)
 
     def start(self, prompt_ids, features):
         self.drafter.start(prompt_ids)

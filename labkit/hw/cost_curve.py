@@ -83,6 +83,17 @@ def measure(model_name: str, paths: list[str], precisions: list[str], tokens: tu
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": rows}
 
 
+def add_llama_cpp(result: dict, model_name: str) -> dict:
+    """Append llama.cpp's row (its own kernels on the preset's GGUF file) to a measured `result`."""
+    from ..bench import llama_cpp
+    row = llama_cpp.cost_row(llama_cpp.gguf_file(model_name), tuple(result["tokens"]), result["context"],
+                             result["repeats"], result["machine"]["threads"])
+    row["bandwidth_line_s"] = row["weight_bytes"] / result["bandwidth"]["value"]
+    result["rows"].append(row)
+    result["load_average"]["after"] = load_average()
+    return result
+
+
 def best_row(result: dict, precision: str) -> dict | None:
     """The measured row of `precision` with the fastest one-token forward."""
     rows = [r for r in result["rows"] if r["precision"] == precision and "times_s" in r]
@@ -123,7 +134,8 @@ def plot(result: dict, path: Path | None = None, ax=None):
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(8, 4.8))
-    colours = {"reference": "tab:gray", "onednn": "tab:orange", "packed": "tab:blue", "packed-amx": "tab:green"}
+    colours = {"reference": "tab:gray", "onednn": "tab:orange", "packed": "tab:blue", "packed-amx": "tab:green",
+               "llama.cpp": "tab:red"}
     styles = {"fp32": "-", "bf16": "--", "int8": ":", "int4": "-."}
     for r in result["rows"]:
         if "times_s" not in r:
@@ -133,6 +145,9 @@ def plot(result: dict, path: Path | None = None, ax=None):
     for precision in dict.fromkeys(r["precision"] for r in result["rows"] if "times_s" in r):
         r = next(x for x in result["rows"] if x["precision"] == precision and "times_s" in x)
         bw = r["bandwidth_line_s"] * 1e3
+        if r["compute_line_s"] is None:                 # llama.cpp's quantised kernels: no compute line drawn
+            ax.axhline(bw, color="tab:red", lw=2.5, alpha=0.25, label=f"{precision}: bandwidth line")
+            continue
         roof = [max(bw, r["compute_line_s"][str(t)] * 1e3) for t in T]
         ax.plot(T, roof, styles.get(precision, "-"), color="black", lw=2.5, alpha=0.25,
                 label=f"{precision}: max(bandwidth line, compute line)")

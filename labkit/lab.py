@@ -1,0 +1,47 @@
+"""`python -m labkit lab` (what `make lab` runs): JupyterLab on the notebooks, headless.
+
+The login token travels in the server's environment (JUPYTER_TOKEN), which only its own user
+(and root) can read, never on a command line that `ps` shows to every user; the URL with the
+token is printed once, here. One Ctrl-C stops the server (no "shut down? y/n" question).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from pathlib import Path
+
+NOTEBOOK = "notebooks/00_tour.ipynb"
+
+
+def check_port_free(ip: str, port: int) -> None:
+    """Raise ValueError, before anything is printed or started, when `ip:port` is taken."""
+    if not 0 < port < 65536:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
+        try:
+            s.bind((ip, port))
+        except OSError as e:
+            raise ValueError(f"cannot listen on {ip}:{port} ({e.strerror}): stop what uses it, or choose another "
+                             f"port (make lab LAB_PORT={port + 1})") from None
+
+
+def server_command(ip: str, port: int, root: Path) -> list[str]:
+    """JupyterLab's command line: no secret in it."""
+    root_flag = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    return [sys.executable, "-m", "jupyterlab", "--no-browser", *root_flag, f"--ServerApp.root_dir={root}",
+            f"--LabApp.default_url=/lab/tree/{NOTEBOOK}", f"--ServerApp.ip={ip}", f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0", "--ServerApp.answer_yes=True"]
+
+
+def run_lab(ip: str, port: int, root: Path) -> None:
+    """Check the port, print the URL once, then become the JupyterLab server (exec: Ctrl-C reaches it)."""
+    check_port_free(ip, port)
+    token = os.environ.pop("LAB_TOKEN", None) or secrets.token_hex(24)
+    env = {**os.environ, "JUPYTER_TOKEN": token}
+    host = f"[{ip}]" if ":" in ip else ip
+    print(f"\n  labkit is starting. Open this URL in a browser (Ctrl-C here stops the lab):\n\n"
+          f"      http://{host}:{port}/lab/tree/{NOTEBOOK}?token={token}\n", flush=True)
+    cmd = server_command(ip, port, root)
+    os.execve(cmd[0], cmd, env)

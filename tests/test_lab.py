@@ -1,0 +1,90 @@
+"""`make lab` (python -m labkit lab): the token stays off command lines, one Ctrl-C stops it, a busy port
+is refused before anything is printed. A real JupyterLab server, started and stopped here."""
+import os
+import pty
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lab_env(tmp_path) -> dict:
+    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "LAB_TOKEN": "",
+            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
+def command_lines() -> list[str]:
+    """Every process's command line that this user can read (all of them, as root)."""
+    lines = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                lines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                pass
+    return lines
+
+
+def test_token_stays_off_command_lines_and_one_ctrl_c_stops_the_lab(tmp_path):
+    port = free_port()
+    # stdin a terminal, as for a learner: JupyterLab then asks "shut down? y/n" on Ctrl-C unless told not to
+    controller, terminal = pty.openpty()
+    log = open(tmp_path / "lab.log", "w+")
+    server = subprocess.Popen([sys.executable, "-m", "labkit", "lab", "--port", str(port)], cwd=tmp_path,
+                              env=lab_env(tmp_path), stdin=terminal, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline, token = time.monotonic() + 90, None
+        while True:
+            log.seek(0)
+            text = log.read()
+            if token is None and (m := re.search(r"\?token=([0-9a-f]{48})", text)):
+                token = m.group(1)
+            if token:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2)
+                    break
+                except OSError:
+                    pass
+            assert server.poll() is None and time.monotonic() < deadline, f"the lab did not start:\n{text[-3000:]}"
+            time.sleep(0.5)
+        leaks = [c for c in command_lines() if token in c]
+        assert not leaks, f"the token is on a command line: {leaks}"
+        assert text.count(token) == 1, "the URL with the token is printed once"
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/terminals", timeout=5)
+            raise AssertionError("the API answered without the token")
+        except urllib.error.HTTPError as e:
+            assert e.code == 403
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=20)                       # no question, no 5 s wait for an answer
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        os.close(controller), os.close(terminal)
+        log.close()
+
+
+def test_a_busy_port_is_refused_before_the_banner(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "labkit", "lab", "--port", str(port)], cwd=tmp_path,
+                             env=lab_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in res.stderr
+    assert f"LAB_PORT={port + 1}" in res.stderr
