@@ -280,6 +280,8 @@ def cmd_verify_cost(a) -> int:
         if a.model not in PRESETS or not os.access(bin_dir() / BENCH, os.X_OK):
             raise ValueError(f"--llama-cpp needs a preset --model (its GGUF) and {bin_dir() / BENCH}: run "
                              "`make llama-cpp` (about 20 minutes)")
+    from .hub import resolve_model
+    resolve_model(a.model)                              # a bad name fails here, before any bar or measurement
     torch.set_num_threads(a.threads)
     result = cost_curve.measure(a.model, paths, precisions, tokens, a.context, a.repeats)
     if a.llama_cpp:

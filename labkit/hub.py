@@ -309,6 +309,9 @@ def fetch(name: str, progress: bool = True) -> tuple[Path, str]:
 
 def resolve_model(name_or_path: str, progress: bool = True) -> str:
     """Preset key -> converted local directory; local directory -> itself; anything else -> a Hub id."""
+    if not name_or_path or not name_or_path.strip():
+        raise ModelFetchError(f"the model name is empty: give a preset ({', '.join(PRESETS)}), a local directory "
+                              "or a Hub id")
     if name_or_path in PRESETS:
         if not is_converted(name_or_path):
             return str(convert(name_or_path, progress))

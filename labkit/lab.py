@@ -6,6 +6,7 @@ token is printed once, here. One Ctrl-C stops the server (no "shut down? y/n" qu
 """
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import socket
@@ -23,8 +24,11 @@ def check_port_free(ip: str, port: int) -> None:
         try:
             s.bind((ip, port))
         except OSError as e:
-            raise ValueError(f"cannot listen on {ip}:{port} ({e.strerror}): stop what uses it, or choose another "
-                             f"port (make lab LAB_PORT={port + 1})") from None
+            if e.errno == errno.EADDRINUSE:
+                raise ValueError(f"cannot listen on {ip}:{port} ({e.strerror}): stop what uses it, or choose "
+                                 f"another port (make lab LAB_PORT={port + 1})") from None
+            raise ValueError(f"cannot listen on {ip}:{port} ({e.strerror or e}): give an address of this machine "
+                             "(make lab LAB_IP=127.0.0.1, or 0.0.0.0 for every interface)") from None
 
 
 def server_command(ip: str, port: int, root: Path) -> list[str]:

@@ -5,12 +5,12 @@ from pathlib import Path
 
 
 def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of `path`; `what` names the argument it came from (e.g. "--prompt-file")."""
+    """The UTF-8 text of `path` (a leading byte-order mark dropped); `what` names the argument it came from."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{what} {path} is a directory: give a text file")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise ValueError(f"{what} {path} does not exist") from None
     except UnicodeDecodeError as e:

@@ -73,6 +73,11 @@ def bad_argv(d):
         (bench[:-1] + [str(d / "a-file" / "below")], "cannot write there"),
         (bench[:-1] + [str(d / "not-records")], "is JSON but not a benchmark record"),
         (["bench", "--report-only", "--questions", "x", "--out", str(d / "nothing-here")], "holds no benchmark run"),
+        (bench + ["--methods", "medusa", "--target", "smollm2-135m-instruct"], "heads were trained on"),
+        (bench + ["--methods", "llama-cpp", "--target", str(d / "target")], "llama.cpp methods run the presets'"),
+        (["generate", "--target", "", "--prompt", "hi"], "the model name is empty"),
+        (["verify-cost", "--model", "qwen2.5-coder-1.5"], "did you mean"),
+        (["lab", "--ip", "999.1.1.1", "--port", "8890"], "give an address of this machine"),
         (["fetch", "bogus-model"], "unknown preset 'bogus-model'"),
         (["verify-cost", "--tokens", "1,x"], "--tokens takes comma-separated integers"),
         (["verify-cost", "--paths", "warp"], "warp"),
@@ -147,3 +152,13 @@ def test_typed_control_tokens_stay_text_unless_raw():
     typed = tok(evil, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     assert any(ids[i:i + len(typed)] == typed for i in range(len(ids))), "the typed text is kept, as characters"
     assert encode_prompt(tok, evil, False).tolist().count(start) == 1, "raw mode: the user typed a real control token"
+
+
+def test_a_byte_order_mark_is_not_an_error(tmp_path):
+    from labkit.bench.questions import read_questions
+    from labkit.cli import read_prompt
+    (tmp_path / "q.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps({"question_id": "q1", "category": "c",
+                                                                      "turns": ["hi"]}).encode() + b"\n")
+    assert read_questions(tmp_path / "q.jsonl")[0].prompt == "hi"
+    (tmp_path / "p.txt").write_bytes(b"\xef\xbb\xbfWrite a haiku.")
+    assert read_prompt(None, str(tmp_path / "p.txt")) == "Write a haiku."

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .methods import METHODS, Models, check_methods, default_methods
+from .methods import METHODS, Models, check_methods, check_target, default_methods
 from .questions import Question, read_questions
 
 RESULTS = "results.jsonl"
@@ -46,6 +46,7 @@ class BenchConfig:
 
     def __post_init__(self):
         self.methods = check_methods(default_methods(self.target) if self.methods is None else self.methods)
+        check_target(self.methods, self.target)
         for name in ("max_new_tokens", "gamma", "lookup_tokens", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
