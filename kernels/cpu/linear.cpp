@@ -6,7 +6,10 @@
 // packed once, at load, into blocks of NBW output columns laid out k-major ([N/NBW][K][NBW]), so a
 // block streams as one contiguous run; MR rows x NBW columns of accumulators stay in registers;
 // the k loop is cut into chunks that stay in L1 while every row block reuses them, and the next
-// chunk is prefetched during the current one so memory never waits for arithmetic.
+// chunk is prefetched into L2 during the current one so memory never waits for arithmetic (into L2,
+// not L1: the current chunk and the next one together overflow a 32-48 KB L1, and prefetching into
+// L1 evicted the chunk in use; on the Xeon with AMX the L2 hint made fp32 1-8 rows 13-20% faster
+// and a bf16 row 10% faster).
 //
 // Each output y[m, n] is summed in the same order (k ascending, fp32) whatever M is: a row's result
 // does not depend on how many rows share the call, so a k-token verify reproduces k one-token steps
@@ -51,7 +54,7 @@ static inline void tile(const void* xv, int64_t ldx, const void* wv, int64_t k0,
     for (int j = 0; j < NV; ++j) acc[r][j] = first ? vzero() : vload(acc_out + r * NBW + j * VL);
   for (int64_t k = k0; k < k1; ++k) {
     if (pf)
-      for (int64_t o = 0; o < pf_bytes; o += 64) _mm_prefetch(pf + (k - k0) * pf_bytes + o, _MM_HINT_T0);
+      for (int64_t o = 0; o < pf_bytes; o += 64) _mm_prefetch(pf + (k - k0) * pf_bytes + o, _MM_HINT_T1);
     if constexpr (FMT == BF16D) {
 #if defined(__AVX512BF16__)
       const uint16_t* w = (const uint16_t*)wv + k * 2 * NBW;      // k indexes pairs here
