@@ -74,7 +74,7 @@ def bad_argv(d):
         (bench[:-1] + [str(d / "not-records")], "is JSON but not a benchmark record"),
         (["bench", "--report-only", "--questions", "x", "--out", str(d / "nothing-here")], "holds no benchmark run"),
         (bench + ["--methods", "medusa", "--target", "smollm2-135m-instruct"], "heads were trained on"),
-        (bench + ["--methods", "llama-cpp", "--target", str(d / "target")], "llama.cpp methods run the presets'"),
+        (bench + ["--methods", "llama-cpp", "--target", str(d / "target")], "the llama.cpp methods"),  # not built, or not a preset
         (["generate", "--target", "", "--prompt", "hi"], "the model name is empty"),
         (["verify-cost", "--model", "qwen2.5-coder-1.5"], "did you mean"),
         (["lab", "--ip", "999.1.1.1", "--port", "8890"], "give an address of this machine"),
