@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import torch
@@ -221,10 +220,10 @@ def run_facts(target, draft=None) -> dict:
 def cmd_models(a) -> int:
     from .hub import PRESETS, status
     for name, spec in PRESETS.items():
-        state = status(name)
-        print(f"{name:32s} {state if len(state) < 12 else 'damaged':12s} {spec.hf_id}")
-        if state.startswith("damaged"):
-            print(f"    {state}: `python -m labkit fetch {name}` repairs it")
+        state, _, problem = status(name).partition(": ")
+        print(f"{name:32s} {state:12s} {spec.hf_id}")
+        if problem:
+            print(f"    {state}: {problem}: `python -m labkit fetch {name}` repairs it")
     return 0
 
 
@@ -275,11 +274,9 @@ def cmd_verify_cost(a) -> int:
     if not tokens or tokens[0] < 1 or a.context < 1 or a.repeats < 1 or a.threads < 1:
         raise ValueError("--tokens, --context, --repeats and --threads must be >= 1")
     if a.llama_cpp:
-        from .bench.llama_cpp import BENCH, bin_dir
-        from .hub import PRESETS
-        if a.model not in PRESETS or not os.access(bin_dir() / BENCH, os.X_OK):
-            raise ValueError(f"--llama-cpp needs a preset --model (its GGUF) and {bin_dir() / BENCH}: run "
-                             "`make llama-cpp` (about 20 minutes)")
+        from .bench import llama_cpp
+        llama_cpp.check_model(a.model)
+        llama_cpp.check_available((llama_cpp.BENCH,))
     from .hub import resolve_model
     resolve_model(a.model)                              # a bad name fails here, before any bar or measurement
     torch.set_num_threads(a.threads)

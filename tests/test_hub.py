@@ -266,6 +266,8 @@ def test_fetch_verifies_every_byte_and_repairs(tmp_path, monkeypatch, capsys):
     blob = bytearray(gguf.read_bytes())
     blob[5000:5004] = b"\xff\xfe\xfd\xfc"
     gguf.write_bytes(bytes(blob))
+    assert hub.fetch(name, progress=False)[1] == "verified" and gguf.read_bytes() == data, "the GGUF is checked too"
+    gguf.write_bytes(bytes(blob))
     shutil.rmtree(folder)                                     # not converted, and a damaged GGUF: downloaded again
     assert hub.fetch(name, progress=False)[1] == "converted" and gguf.read_bytes() == data
 

@@ -26,22 +26,29 @@ def bin_dir() -> Path:
     return Path(os.environ.get("LABKIT_LLAMA_CPP") or ROOT / "build" / "llama.cpp" / "bin")
 
 
-def available() -> bool:
+def available(programs: tuple[str, ...] = PROGRAMS) -> bool:
     """Whether the llama.cpp programs are built (the benchmark runs its methods only then)."""
-    return all(os.access(bin_dir() / p, os.X_OK) for p in PROGRAMS)
+    return all(os.access(bin_dir() / p, os.X_OK) for p in programs)
 
 
-def check_available() -> None:
-    if not available():
-        raise ValueError(f"the llama.cpp methods need {' and '.join(PROGRAMS)} in {bin_dir()}: run `make llama-cpp` "
+def check_available(programs: tuple[str, ...] = PROGRAMS) -> None:
+    if not available(programs):
+        raise ValueError(f"the llama.cpp methods need {' and '.join(programs)} in {bin_dir()}: run `make llama-cpp` "
                          "(about 20 minutes), or set LABKIT_LLAMA_CPP to a folder holding them")
+
+
+def check_model(name: str) -> None:
+    """llama.cpp reads a preset's GGUF file: any other model is an error."""
+    from ..hub import PRESETS
+    if name not in PRESETS:
+        raise ValueError(f"the llama.cpp methods run the presets' GGUF files; {name!r} is not a preset "
+                         f"({', '.join(PRESETS)})")
 
 
 def gguf_file(name: str) -> Path:
     """The verified GGUF of preset `name` (llama.cpp reads the file labkit converted)."""
-    from ..hub import PRESETS, fetch_weights
-    if name not in PRESETS:
-        raise ValueError(f"the llama.cpp methods run the presets' GGUF files; {name!r} is not a preset")
+    from ..hub import fetch_weights
+    check_model(name)
     return fetch_weights(name, progress=False)
 
 
@@ -78,8 +85,9 @@ def completion(target: Path, prompt: str, n: int, threads: int) -> LlamaRun:
     out, log = _run("llama-completion", ["-m", str(target), "-n", str(n), "-t", str(threads), "--temp", "0",
                                          "-no-cnv", "--no-display-prompt", "-c", "4096", "--simple-io"], prompt)
     prompt_ms = _number(r"prompt eval time =\s*([\d.]+) ms", log, "llama-completion")
-    eval_ms = _number(r"\beval time =\s*([\d.]+) ms /\s*\d+ runs", log.split("prompt eval time")[-1], "llama-completion")
-    runs = int(_number(r"\beval time =\s*[\d.]+ ms /\s*(\d+) runs", log.split("prompt eval time")[-1], "llama-completion"))
+    after_prompt = log.split("prompt eval time")[-1]                     # the decode line comes next
+    eval_ms = _number(r"\beval time =\s*([\d.]+) ms /\s*\d+ runs", after_prompt, "llama-completion")
+    runs = int(_number(r"\beval time =\s*[\d.]+ ms /\s*(\d+) runs", after_prompt, "llama-completion"))
     text = out.removesuffix("\n").removesuffix(" [end of text]")
     return LlamaRun(text, runs + 1, (prompt_ms + eval_ms) / 1e3, runs + 1)
 
@@ -107,10 +115,8 @@ def cost_row(gguf: Path, tokens: tuple[int, ...], context: int, repeats: int, th
     """llama.cpp's forward time for T tokens after `context` cached ones (llama-bench -p T -d context), as a
     row of the verify-cost table: the same question labkit's paths answer, on llama.cpp's own kernels."""
     import json
-    exe = bin_dir() / BENCH
-    if not os.access(exe, os.X_OK):
-        raise ValueError(f"no {exe}: run `make llama-cpp` (about 20 minutes), or leave out --llama-cpp")
-    res = subprocess.run([str(exe), "-m", str(gguf), "-t", str(threads), "-p", ",".join(map(str, tokens)), "-n", "0",
+    check_available((BENCH,))
+    res = subprocess.run([str(bin_dir() / BENCH), "-m", str(gguf), "-t", str(threads), "-p", ",".join(map(str, tokens)), "-n", "0",
                           "-d", str(context), "-r", str(repeats), "-o", "json"], capture_output=True, text=True,
                          stdin=subprocess.DEVNULL)
     if res.returncode != 0:

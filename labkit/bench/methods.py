@@ -118,14 +118,13 @@ HEADS_TARGET = "qwen2.5-coder-1.5b-instruct"      # the target the shipped heads
 
 def check_target(methods: list[str], target: str) -> None:
     """The methods that only run on some targets, checked before any model loads."""
-    from ..hub import PRESETS
     if target != HEADS_TARGET and any("heads" in METHODS[n].needs for n in methods):
         raise ValueError(f"the shipped Medusa/EAGLE heads were trained on {HEADS_TARGET}, not {target}: "
                          "leave medusa/eagle-* out of --methods, or train heads for this target "
                          "(data/heads/README.md)")
-    if target not in PRESETS and any("llama-cpp" in METHODS[n].needs for n in methods):
-        raise ValueError(f"the llama.cpp methods run the presets' GGUF files; {target!r} is not a preset: leave "
-                         "llama-cpp* out of --methods")
+    if any("llama-cpp" in METHODS[n].needs for n in methods):
+        from .llama_cpp import check_model
+        check_model(target)
 
 
 def _check_heads_target(m: Models) -> None:

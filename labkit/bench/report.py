@@ -138,14 +138,13 @@ def _tps(records: list[dict]) -> float:
 
 
 def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mismatches: list[Mismatch]) -> Row:
-    tps = _tps
     seconds = sum(r["seconds"] for r in rs)
     drafted = [s for r in rs for s in r["steps"] or [] if s[0] > 0]
     proposed = sum(s[0] for s in drafted)
     forwards = sum(r["target_forwards"] for r in rs)
     ideals = [i for r, b in zip(rs, base) if (i := ideal_speedup(r["steps"], b["steps"] or [])) is not None]
     parted = {(x.question_id, x.reference) for x in mismatches if x.method == method}
-    return Row(cat, method, label, len(rs), tps(rs), tps(rs) / tps(base),
+    return Row(cat, method, label, len(rs), _tps(rs), _tps(rs) / _tps(base),
                sum(r["new_tokens"] for r in rs) / forwards if forwards else None,
                sum(s[1] for s in drafted) / proposed if proposed else None,
                sum(r["draft_time"] for r in rs) / seconds if all(r["draft_time"] is not None for r in rs) else None,
