@@ -2,8 +2,8 @@
 
 A decode step feeds 1 token, a verify pass the last token plus K draft tokens, a tree verify
 N nodes: all are one T-token forward over a cache of P tokens, for each of B sequences.
-Per forward the weights stream from memory once whatever T and B are (the seeds' point:
-decoding is bound by moving weights), while FLOPs grow with B x T:
+Per forward the weights stream from memory once whatever T and B are (the point of
+speculative decoding: decoding is bound by moving weights), while FLOPs grow with B x T:
 
     weights   sum of the linears' weights + the lm_head (the embedding table reads B*T rows)
     KV cache  read B*P*L*2*Hkv*hd elements, write B*T*L*2*Hkv*hd
