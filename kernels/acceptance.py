@@ -5,7 +5,7 @@ per position: greedy acceptance (longest prefix equal to the target's argmax, th
 target's token) and the rejection sampling of Leviathan et al. 2023 / Chen et al. 2023
 (keep x_i while u_i * q_draft(x_i) < p_target(x_i); at the first rejection, the next token
 comes from norm(max(0, p_target - q_draft)); after K acceptances from p_target[K]).
-Given the same uniforms u, the result equals labkit.acceptance.speculative_accept row by row:
+Given the same uniforms u, the result equals labkit.core.acceptance.speculative_accept row by row:
 the kernel returns the distribution the next token is drawn from (`next_probs`), and
 `sample_next` draws it with torch.multinomial exactly as labkit does. Greedy runs the argmax of
 all B x (K+1) positions in parallel, then one tiny program a row finds the first mismatch;
@@ -157,7 +157,7 @@ def sampled_accept(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: 
 
 
 def greedy_accept_ref(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> GreedyAcceptance:
-    """The torch reference of greedy_accept (labkit.acceptance.greedy_accept for B rows)."""
+    """The torch reference of greedy_accept (labkit.core.acceptance.greedy_accept for B rows)."""
     check_batch(draft_tokens, target_logits)
     K = draft_tokens.shape[1]
     target_tokens = target_logits.argmax(-1)                                             # (B, K+1)
@@ -168,7 +168,7 @@ def greedy_accept_ref(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -
 
 def sampled_accept_ref(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: torch.Tensor,
                        uniforms: torch.Tensor) -> SampledAcceptance:
-    """The torch reference of sampled_accept (labkit.acceptance.speculative_accept for B rows, u given)."""
+    """The torch reference of sampled_accept (labkit.core.acceptance.speculative_accept for B rows, u given)."""
     check_batch(draft_tokens, p_target, q_draft, uniforms)
     B, K = draft_tokens.shape
     p_x = p_target[:, :K].float().gather(2, draft_tokens[..., None])[..., 0]             # (B, K)
@@ -186,7 +186,7 @@ def sampled_accept_ref(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_targ
 
 
 def sample_next(acc: SampledAcceptance, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw each row's next token (B,) from next_probs, row by row as labkit.sampling.sample does."""
+    """Draw each row's next token (B,) from next_probs, row by row as labkit.core.sampling.sample does."""
     return torch.stack([torch.multinomial(row.cpu(), 1, generator=generator)[0] for row in acc.next_probs])
 
 

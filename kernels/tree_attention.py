@@ -29,16 +29,16 @@ except ImportError:  # labkit works without Triton: kernels/__init__.py dispatch
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     """(N, N) bool: [i, j] is True when node j is node i or one of its ancestors.
 
-    labkit.tree.Tree's transitive closure (repeated squaring: log2 N tensor ops, no Python loop
+    labkit.core.tree.Tree's transitive closure (repeated squaring: log2 N tensor ops, no Python loop
     over nodes). Build it once per tree: every layer's attention reuses it.
     """
-    from labkit.tree import Tree
+    from labkit.core.tree import Tree
     parents = check_parents(parents)
     return Tree(parents).mask.to(parents.device)
 
 
 def check_parents(parents: torch.Tensor) -> torch.Tensor:
-    """A non-empty 1-D long vector; labkit.tree.Tree checks the order (each parent -1 or an earlier node)."""
+    """A non-empty 1-D long vector; labkit.core.tree.Tree checks the order (each parent -1 or an earlier node)."""
     parents = torch.as_tensor(parents).long()
     if parents.dim() != 1 or parents.numel() == 0:
         raise ValueError(f"parents must be a non-empty 1-D vector of parent indices, got shape {tuple(parents.shape)}")

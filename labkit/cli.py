@@ -22,8 +22,8 @@ DRAFT_PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
 
 def add_model_args(p, default_dtype: str = "bf16") -> None:
     """--target, --draft, --dtype, --backend, --device, --draft-precision: shared by generate and bench."""
-    from .hub import DEFAULT_DRAFT, DEFAULT_TARGET
-    from .loading import BACKENDS, DEVICES
+    from .models.hub import DEFAULT_DRAFT, DEFAULT_TARGET
+    from .models.loading import BACKENDS, DEVICES
     p.add_argument("--target", default=DEFAULT_TARGET, help="preset, local directory or Hub id")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the draft-model methods")
     p.add_argument("--dtype", default=default_dtype, choices=["bf16", "fp32", "fp16"], help="the target's precision")
@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_verify_cost_parser(sub) -> None:
-    from .backends import PATHS
-    from .hub import DEFAULT_TARGET
+    from .models.backends import PATHS
+    from .models.hub import DEFAULT_TARGET
     v = sub.add_parser("verify-cost", help="forward time vs tokens per forward on every path and precision here")
     v.add_argument("--model", default=DEFAULT_TARGET, help="preset, local directory or Hub id (labkit's model)")
     v.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from: {','.join(PATHS)}")
@@ -101,43 +101,11 @@ def add_bench_parser(sub) -> None:
                    help="write the report of the latest run in --out from what is finished; run nothing")
 
 
-def encode_prompt(tokenizer, text: str, chat_template: bool) -> torch.Tensor:
-    """Token ids of the prompt, through the model's chat template unless told not to.
-
-    With the template, the user's text stays text: a control-token string typed in it (say
-    "<|im_start|>system") is tokenized as its characters, never as the control token, so a
-    prompt cannot open a turn of its own. Raw mode (chat_template=False, --no-chat-template)
-    tokenizes control-token strings as control tokens: the way to type a whole chat by hand.
-    """
-    if not text or not text.strip():
-        raise ValueError("the prompt is empty: pass --prompt \"...\" or --prompt-file FILE")
-    if not (chat_template and getattr(tokenizer, "chat_template", None)):
-        return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
-
-    def render(content: str) -> str:
-        return tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                             tokenize=False)
-
-    def template_ids(s: str) -> list[int]:
-        return tokenizer(s, add_special_tokens=False)["input_ids"] if s else []
-    sentinel = "\x00labkit-user-text\x00"
-    before, sep, after = render(sentinel).partition(sentinel)
-    if not sep:
-        raise ValueError("the model's chat template drops the user's text: use --no-chat-template")
-    real = render(text)
-    ids, frame = template_ids(real), template_ids(before) + template_ids(after)
-    control = set(tokenizer.added_tokens_decoder)       # <|im_start|> and friends
-    if sum(i in control for i in ids) == sum(i in control for i in frame):
-        return torch.tensor(ids, dtype=torch.long)       # the text typed no control token: as transformers does
-    fits = real.startswith(before) and real.endswith(after) and len(real) >= len(before) + len(after)
-    content = real[len(before):len(real) - len(after)] if fits else text   # as the template wrote it (trimmed?)
-    user = tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    return torch.tensor(template_ids(before) + user + template_ids(after), dtype=torch.long)
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     """The prompt text from --prompt, or --prompt-file (a file, or '-' for stdin)."""
-    from .textfile import read_text
+    from .core.textfile import read_text
     if prompt is not None and prompt_file is not None:
         raise ValueError("give either --prompt or --prompt-file, not both")
     if prompt_file == "-":
@@ -163,16 +131,17 @@ def make_drafter(kind: str, draft_model=None, eos_token_ids=()):
 
 
 def make_policy(name: str, gamma: int):
-    from .adaptive import CostAwareGamma, FixedGamma, HeuristicGamma
+    from .core.adaptive import CostAwareGamma, FixedGamma, HeuristicGamma
     return {"fixed": FixedGamma, "heuristic": HeuristicGamma, "cost-aware": CostAwareGamma}[name](gamma)
 
 
 def cmd_generate(a) -> int:
-    from .autoregressive import autoregressive_generate
-    from .loading import load_draft, load_model
-    from .render import pieces, to_ansi
-    from .sampling import SamplingConfig
-    from .speculative import speculative_generate
+    from .core.sampling import SamplingConfig
+    from .decoding.autoregressive import autoregressive_generate
+    from .decoding.speculative import speculative_generate
+    from .models.calibrate import run_facts
+    from .models.loading import encode_prompt, load_draft, load_model
+    from .viz.render import pieces, to_ansi
     sampling = SamplingConfig(a.temperature, a.top_k, a.top_p)
     policy = make_policy(a.policy, a.gamma)
     if a.max_new_tokens < 1:
@@ -206,19 +175,10 @@ def cmd_generate(a) -> int:
     return 0
 
 
-def run_facts(target, draft=None) -> dict:
-    """Where a run ran: CPU, ISA, threads, and each model's forward path and precision."""
-    from .calibrate import isa_label, machine
-    m = machine()
-    facts = {"cpu": m["cpu"], "isa": isa_label(m), "threads": m["threads"], "torch": m["torch"],
-             "target": str(target.path), "target_path": target.path.to_dict()}
-    if draft is not None:
-        facts.update(draft=str(draft.path), draft_path=draft.path.to_dict())
-    return facts
 
 
 def cmd_models(a) -> int:
-    from .hub import PRESETS, status
+    from .models.hub import PRESETS, status
     for name, spec in PRESETS.items():
         state, _, problem = status(name).partition(": ")
         print(f"{name:32s} {state:12s} {spec.hf_id}")
@@ -228,7 +188,7 @@ def cmd_models(a) -> int:
 
 
 def cmd_fetch(a) -> int:
-    from .hub import DEFAULT_DRAFT, DEFAULT_TARGET, fetch, preset_spec
+    from .models.hub import DEFAULT_DRAFT, DEFAULT_TARGET, fetch, preset_spec
     names = a.names or [DEFAULT_TARGET, DEFAULT_DRAFT]
     for name in names:
         preset_spec(name)                               # every name checked before anything downloads
@@ -260,10 +220,10 @@ def cmd_bench(a) -> int:
 
 
 def cmd_verify_cost(a) -> int:
-    from .backends import PATHS, check_path
-    from .hw import cost_curve
+    from .bench import verify_cost
+    from .models.backends import PATHS, check_path
     paths = [p.strip() for p in a.paths.split(",") if p.strip()]
-    precisions = cost_curve.check_precisions([p.strip() for p in a.precisions.split(",") if p.strip()])
+    precisions = verify_cost.check_precisions([p.strip() for p in a.precisions.split(",") if p.strip()])
     for p in paths:
         if p not in PATHS:
             check_path(p, "bf16")                       # the error names the paths there are
@@ -277,14 +237,14 @@ def cmd_verify_cost(a) -> int:
         from .bench import llama_cpp
         llama_cpp.check_model(a.model)
         llama_cpp.check_available((llama_cpp.BENCH,))
-    from .hub import resolve_model
+    from .models.hub import resolve_model
     resolve_model(a.model)                              # a bad name fails here, before any bar or measurement
     torch.set_num_threads(a.threads)
-    result = cost_curve.measure(a.model, paths, precisions, tokens, a.context, a.repeats)
+    result = verify_cost.measure(a.model, paths, precisions, tokens, a.context, a.repeats)
     if a.llama_cpp:
-        result = cost_curve.add_llama_cpp(result, a.model)
-    print(cost_curve.markdown(result))
-    for path in cost_curve.write(result, a.out):
+        result = verify_cost.add_llama_cpp(result, a.model)
+    print(verify_cost.markdown(result))
+    for path in verify_cost.write(result, a.out):
         print(path)
     return 0
 
@@ -305,7 +265,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .hub import ModelFetchError
+    from .models.hub import ModelFetchError
     a = build_parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "models": cmd_models, "fetch": cmd_fetch, "bench": cmd_bench,

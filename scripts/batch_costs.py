@@ -4,7 +4,7 @@ The GPU box cannot download the embedded pair, and a random draft agrees with no
 end-to-end batched run there would measure only its costs. This script measures exactly those,
 as the device sees them: one forward of the target over B rows x T tokens (T = 1 for a decode
 step, γ+1 for a verify) and one draft decode step, each captured as a CUDA graph and replayed
-and compiled (labkit/static_decode.py: no launch overhead in the numbers). Leviathan's formula then combines
+and compiled (labkit/decoding/static.py: no launch overhead in the numbers). Leviathan's formula then combines
 them with the acceptance rate α the real pair reached in the committed CPU batch run:
 
     speedup(B, γ) = E[tokens](α, γ) x t_target(B, 1) / (γ x t_draft(B, 1) + t_target(B, γ+1))
@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from labkit.adaptive import expected_tokens
+from labkit.bench.writer import markdown_table, subplots, write_outputs
+from labkit.core.adaptive import expected_tokens
+from labkit.decoding.static import time_forward
 from labkit.hw import Roofline, describe, predicted_speedup, random_model
-from labkit.static_decode import time_forward
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,25 +42,20 @@ def measured_alpha(path: Path) -> dict[int, float]:
 
 
 def markdown(result: dict) -> str:
+    columns = {"B": "{batch}", "target 1 tok ms": "{target_ms:.2f}", "draft 1 tok ms": "{draft_ms:.2f}"}
+    for g in map(str, result["gammas"]):
+        columns |= {f"verify γ={g} ms": lambda r, g=g: f"{r['verify_ms'][g]:.2f}",
+                    f"speedup γ={g}": lambda r, g=g: f"{r['speedup'][g]:.2f}",
+                    f"roofline γ={g}": lambda r, g=g: f"{r['roofline'][g]:.2f}"}
     lines = [f"# Batched speculation on {result['device']}: measured costs x measured α ({result['date']})", "",
              f"Qwen2.5-Coder 1.5B target / 0.5B draft shapes, bf16, random weights, {result['context']} cached tokens, "
              f"{result['forwards']} (median of 20). α from {result['alpha_source']}: "
-             + ", ".join(f"γ={g}: {a:.2f}" for g, a in result["alpha"].items()) + ".", "",
-             "| B | target 1 tok ms | draft 1 tok ms | " + " | ".join(
-                 f"verify γ={g} ms | speedup γ={g} | roofline γ={g}" for g in result["gammas"]) + " |",
-             "|---|---|---|" + "---|---|---|" * len(result["gammas"])]
-    for r in result["rows"]:
-        cells = [f"{r['verify_ms'][str(g)]:.2f} | {r['speedup'][str(g)]:.2f} | {r['roofline'][str(g)]:.2f}"
-                 for g in result["gammas"]]
-        lines.append(f"| {r['batch']} | {r['target_ms']:.2f} | {r['draft_ms']:.2f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+             + ", ".join(f"γ={g}: {a:.2f}" for g, a in result["alpha"].items()) + ".", ""]
+    return "\n".join(lines + markdown_table(result["rows"], columns)) + "\n"
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+def plot(result: dict):
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(12, 4.5))
     B = [r["batch"] for r in result["rows"]]
     for i, g in enumerate(result["gammas"]):
         ax1.plot(B, [r["speedup"][str(g)] for r in result["rows"]], "o-", color=f"C{i}",
@@ -78,7 +74,7 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xticks(B, [str(b) for b in B])
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def main(argv=None) -> dict:
@@ -124,11 +120,7 @@ def main(argv=None) -> dict:
               "alpha": {str(g): alpha[g] for g in gammas}, "alpha_source": Path(args.alpha_from).name,
               "bandwidth": asdict(profile.bandwidth), "peak_flops": asdict(profile.peak_flops),
               "ridge_flop_per_byte": roof.ridge, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "batch_costs_cuda.json").write_text(json.dumps(result, indent=1))
-    (out / "batch_costs_cuda.md").write_text(markdown(result))
-    plot(result, out / "batch_costs_cuda.png")
+    write_outputs(Path(args.out) / "batch_costs_cuda", result, markdown, plot)
     print(markdown(result))
     return result
 

@@ -26,11 +26,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from labkit.batched import batched_autoregressive_generate, batched_speculative_generate
-from labkit.hub import DEFAULT_DRAFT, DEFAULT_TARGET
+from labkit.bench.writer import markdown_table, subplots, write_outputs
+from labkit.decoding.batched import (
+    batched_autoregressive_generate,
+    batched_speculative_generate,
+)
 from labkit.hw import SHAPES, Roofline, describe, predicted_speedup
 from labkit.hw.device import add_timing_args, timing_clock
-from labkit.model import Transformer
+from labkit.models.hub import DEFAULT_DRAFT, DEFAULT_TARGET
+from labkit.models.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,8 +48,7 @@ def load_pair(args):
                          for i, s in enumerate(("qwen2.5-1.5b", "qwen2.5-0.5b")))
         prompts = [torch.randint(0, 151936, (40 + 10 * i,), generator=g) for i in range(len(rows))]
         return target, draft, prompts, ()
-    from labkit.cli import encode_prompt
-    from labkit.loading import load_model
+    from labkit.models.loading import encode_prompt, load_model
     target = load_model(args.target, dtype="bf16", device=args.device, progress=False)
     draft = load_model(args.draft, dtype="bf16", device=args.device, progress=False)
     prompts = [encode_prompt(target.tokenizer, r["prompt"], chat_template=True) for r in rows]
@@ -56,11 +59,8 @@ def decode_time(gen) -> float:
     return gen.total_time - gen.prefill_time
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+def plot(result: dict):
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(12, 4.5))
     for i, gamma in enumerate(result["gammas"]):
         rows = [r for r in result["rows"] if r["gamma"] == gamma]
         B = [r["batch"] for r in rows]
@@ -80,7 +80,7 @@ def plot(result: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     fig.text(0.01, 0.01, f"roofline: {result['roofline_label']}", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def markdown(result: dict) -> str:
@@ -88,13 +88,11 @@ def markdown(result: dict) -> str:
              f"{result['target']} + {result['draft']}, bf16, greedy, {result['max_new_tokens']} new tokens a row, "
              f"{result['date']}, {result['threads']} torch thread(s), {result['clock']} clock. "
              "Speedup = decode time of batched AR / batched speculative (prefill excluded).",
-             f"Roofline: {result['roofline_label']}.", "",
-             "| B | γ | speedup | roofline | acceptance | verify ms | AR step ms | rows equal to AR |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['batch']} | {r['gamma']} | {r['speedup']:.2f} | {r['predicted_speedup']:.2f} | "
-                     f"{r['acceptance']:.2f} | {r['verify_ms']:.0f} | {r['ar_step_ms']:.0f} | "
-                     f"{r['rows_equal']}/{r['batch']} |")
+             f"Roofline: {result['roofline_label']}.", ""]
+    lines += markdown_table(result["rows"], {
+        "B": "{batch}", "γ": "{gamma}", "speedup": "{speedup:.2f}", "roofline": "{predicted_speedup:.2f}",
+        "acceptance": "{acceptance:.2f}", "verify ms": "{verify_ms:.0f}", "AR step ms": "{ar_step_ms:.0f}",
+        "rows equal to AR": "{rows_equal}/{batch}"})
     return "\n".join(lines) + "\n"
 
 
@@ -148,12 +146,7 @@ def main(argv=None) -> dict:
               "device": {"name": profile.name, "kind": profile.kind, "bandwidth": str(profile.bandwidth),
                          "peak_flops": str(profile.peak_flops)},
               "roofline_label": f"{profile.bandwidth}; {profile.peak_flops}", "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"batch_{profile.kind}"
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{name}.md").write_text(markdown(result))
-    plot(result, out / f"{name}.png")
+    write_outputs(Path(args.out) / f"batch_{profile.kind}", result, markdown, plot)
     print(markdown(result))
     return result
 

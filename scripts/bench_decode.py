@@ -3,7 +3,7 @@
 For each model shape, greedy decoding of `--new-tokens` tokens after a random prompt, four ways,
 one after the other in one process: labkit's eager loop (`autoregressive_generate`), the static
 cache replayed as a CUDA graph, and the static cache compiled by inductor and replayed as a CUDA
-graph (labkit/static_decode.py), without and with gpt-fast's coordinate-descent tuning. Achieved bandwidth = bytes a step must move (`labkit.hw.decode_cost`: every
+graph (labkit/decoding/static.py), without and with gpt-fast's coordinate-descent tuning. Achieved bandwidth = bytes a step must move (`labkit.hw.decode_cost`: every
 linear weight once, one embedding row, the KV slots attended and written) x steps/s, as a
 fraction of the peak NVML reports (2 x max memory clock x bus width) and of a measured copy. An
 NVML sampler records the DRAM bandwidth utilisation (GPM, Hopper) during each run as a cross-check.
@@ -18,7 +18,6 @@ Writes data/bench/decode_cuda.{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -28,9 +27,10 @@ import torch
 from tqdm import tqdm
 
 from labkit import autoregressive_generate
+from labkit.bench.writer import markdown_table, subplots, write_outputs
+from labkit.decoding.static import StaticDecoder
 from labkit.hw import SHAPES, Sampler, decode_cost, describe, random_model
 from labkit.hw.telemetry import per_step
-from labkit.static_decode import StaticDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,8 @@ def bench_shape(name: str, prompt_len: int, new_tokens: int, peak_bw: float | No
         if opts is None:
             autoregressive_generate(model, prompt, max_new_tokens=8)                     # warm-up
             torch.cuda.synchronize()
-            gen, util = timed(lambda: autoregressive_generate(model, prompt, max_new_tokens=new_tokens), label)
+            # F821 is a false positive: ruff takes `del model` below for an unbound name; the lambda runs first
+            gen, util = timed(lambda: autoregressive_generate(model, prompt, max_new_tokens=new_tokens), label)  # noqa: F821
             steps = gen.trace.steps
             decode_s = sum(s.verify_time for s in steps[1:])
             tokens, tok_s, context = gen.tokens, (len(gen.tokens) - 1) / decode_s, prompt_len + new_tokens // 2
@@ -94,16 +95,16 @@ def markdown(result: dict) -> str:
     d = result["device"]
     lines = [f"# Greedy decode on {d['name']} ({result['date']})", "",
              f"bf16, random weights of each shape, batch 1, {result['torch']}. Peak bandwidth: "
-             f"{d['peak_bandwidth_source']}; measured copy: {d['copy_bandwidth'] / 1e12:.2f} TB/s.", "",
-             "| model | mode | tokens/s | ms/token | achieved GB/s | % of peak | % of copy | NVML DRAM util % | "
-             "tokens = eager |", "|---|---|---|---|---|---|---|---|---|"]
-    for s in result["shapes"]:
-        for r in s["rows"]:
-            peak = f"{100 * r['fraction_of_peak']:.0f}" if r["fraction_of_peak"] else "n/a"
-            util = f"{r['nvml_dram_bw_util_pct']:.0f}" if r["nvml_dram_bw_util_pct"] is not None else "n/a"
-            lines.append(f"| {s['shape']} | {r['mode']} | {r['tokens_per_s']:.0f} | {r['ms_per_token']:.2f} | "
-                         f"{r['achieved_bandwidth'] / 1e9:.0f} | {peak} | {100 * r['fraction_of_copy']:.0f} | {util} | "
-                         f"{r['tokens_equal_to_eager']}/{s['new_tokens']} |")
+             f"{d['peak_bandwidth_source']}; measured copy: {d['copy_bandwidth'] / 1e12:.2f} TB/s.", ""]
+    rows = [{"shape": s["shape"], "new_tokens": s["new_tokens"], **r} for s in result["shapes"] for r in s["rows"]]
+    lines += markdown_table(rows, {
+        "model": "{shape}", "mode": "{mode}", "tokens/s": "{tokens_per_s:.0f}", "ms/token": "{ms_per_token:.2f}",
+        "achieved GB/s": lambda r: f"{r['achieved_bandwidth'] / 1e9:.0f}",
+        "% of peak": lambda r: f"{100 * r['fraction_of_peak']:.0f}" if r["fraction_of_peak"] else "n/a",
+        "% of copy": lambda r: f"{100 * r['fraction_of_copy']:.0f}",
+        "NVML DRAM util %": lambda r: (f"{r['nvml_dram_bw_util_pct']:.0f}" if r["nvml_dram_bw_util_pct"] is not None
+                                       else "n/a"),
+        "tokens = eager": "{tokens_equal_to_eager}/{new_tokens}"})
     lines += ["", "Bytes per step (labkit.hw.decode_cost): every linear weight once, one embedding row, the KV "
               "slots attended (the static cache attends all of its slots under a mask). 'tokens = eager': "
               "leading tokens equal to the eager run's (random weights give near-flat logits, so bf16 "
@@ -111,12 +112,9 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(result: dict):
     shapes = result["shapes"]
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False)
+    fig, axes = subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4), squeeze=False)
     for ax, s in zip(axes[0], shapes):
         labels = [r["mode"].replace(" + ", "\n+ ").replace(" (", "\n(") for r in s["rows"]]
         vals = [r["achieved_bandwidth"] / 1e12 for r in s["rows"]]
@@ -132,7 +130,7 @@ def plot(result: dict, path: Path) -> None:
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle(f"decode vs the memory wall on {result['device']['name']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def main(argv=None) -> dict:
@@ -160,11 +158,7 @@ def main(argv=None) -> dict:
                          "copy_bandwidth": profile.bandwidth.value, "copy_source": profile.bandwidth.source,
                          "matmul_flops": profile.peak_flops.value, "matmul_source": profile.peak_flops.source},
               "shapes": [bench_shape(s, args.prompt_len, new_tokens, peak_bw, profile.bandwidth.value) for s in shapes]}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode_cuda.json").write_text(json.dumps(result, indent=1))
-    (out / "decode_cuda.md").write_text(markdown(result))
-    plot(result, out / "decode_cuda.png")
+    write_outputs(Path(args.out) / "decode_cuda", result, markdown, plot)
     print(markdown(result))
     return result
 

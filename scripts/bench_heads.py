@@ -23,14 +23,23 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from labkit import DraftModelDrafter, autoregressive_generate, load_model, speculative_generate
-from labkit.cli import encode_prompt, run_facts
-from labkit.loading import load_draft
-from labkit.heads.checkpoint import REPO_HEADS, load_medusa
-from labkit.heads.eagle import EagleDrafter, load_eagle
-from labkit.heads.medusa import MedusaDrafter, typical_accept_rule
-from labkit.hw.device import time_forwards
-from labkit.tree_decoding import tree_generate
+from labkit import (
+    DraftModelDrafter,
+    autoregressive_generate,
+    load_model,
+    speculative_generate,
+)
+from labkit.bench.writer import markdown_table, write_outputs
+from labkit.decoding.tree import tree_generate
+from labkit.drafters.eagle import EagleDrafter, load_eagle
+from labkit.drafters.medusa import (
+    REPO_HEADS,
+    MedusaDrafter,
+    load_medusa,
+    typical_accept_rule,
+)
+from labkit.models.calibrate import run_facts, time_forwards
+from labkit.models.loading import encode_prompt, load_draft
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,20 +131,28 @@ def main() -> None:
               "rows": rows, "per_prompt": per_prompt,
               "medusa": {"topk_accuracy_top1": [a[0] for a in medusa_cfg["topk_accuracy"]]},
               "eagle": {"heldout_top1": eagle_cfg["heldout"]["top1"]}}
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    lines = ["| method | node budget | tokens / forward | speedup | same text as greedy |", "|---|---|---|---|---|"]
-    lines += [f"| {r['method']} | {r['node budget']} | {r['tokens per forward']:.2f} | {r['speedup']:.2f}x | "
-              f"{r['same text as greedy']} |" for r in rows]
-    cost = ", ".join(f"{T}: {s / verify_cost[1]:.2f}x" for T, s in verify_cost.items())
-    out.with_suffix(".md").write_text(f"Greedy, {len(prompts)} code prompts x {n} new tokens, {facts['cpu']} "
-                                      f"({facts['isa']}), {args.threads} threads, target: {facts['target']}, draft: "
-                                      f"{facts['draft']}; load average {load_before[0]:.2f} before, "
-                                      f"{result['load_average_after'][0]:.2f} after; {result['date']}. "
-                                      f"Tokens per forward include the "
-                                      f"bonus/correction token.\n\nCost of one target forward over T tokens, "
-                                      f"relative to T = 1: {cost}.\n\n" + "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    # --out names the files without their suffix; a suffix given (heads.json) is replaced
+    write_outputs(Path(args.out).with_suffix(""), result, markdown, json_newline=True)
+    print("\n".join(table(rows)))
+
+
+def table(rows: list[dict]) -> list[str]:
+    return markdown_table(rows, {"method": "{method}", "node budget": "{node budget}",
+                                 "tokens / forward": "{tokens per forward:.2f}", "speedup": "{speedup:.2f}x",
+                                 "same text as greedy": "{same text as greedy}"})
+
+
+def markdown(result: dict) -> str:
+    """heads.md, from the result (or from heads.json, whose verify-cost keys are strings)."""
+    facts = result["ran_on"]
+    verify_cost = {str(T): s for T, s in result["verify_seconds_by_tokens"].items()}
+    cost = ", ".join(f"{T}: {s / verify_cost['1']:.2f}x" for T, s in verify_cost.items())
+    return (f"Greedy, {len(result['prompts'])} code prompts x {result['max_new_tokens']} new tokens, {facts['cpu']} "
+            f"({facts['isa']}), {result['threads']} threads, target: {facts['target']}, draft: {facts['draft']}; "
+            f"load average {result['load_average_before'][0]:.2f} before, {result['load_average_after'][0]:.2f} after; "
+            f"{result['date']}. Tokens per forward include the bonus/correction token.\n\n"
+            f"Cost of one target forward over T tokens, relative to T = 1: {cost}.\n\n"
+            + "\n".join(table(result["rows"])) + "\n")
 
 
 if __name__ == "__main__":

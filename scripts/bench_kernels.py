@@ -10,42 +10,37 @@ for B rows, K=8, Qwen's 151,936-token vocabulary. Median times from triton.testi
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from kernels import acceptance, tree_attention
+from labkit.bench.writer import markdown_table, subplots, write_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def markdown(result: dict) -> str:
     lines = [f"# Triton kernels on {result['device']} ({result['date']})", "",
-             "Tree attention, bf16, B=1, 12 query heads / 2 key-value heads, head_dim 128 (median ms):", "",
-             "| prefix | nodes | triton | torch ref | SDPA + bool mask | SDPA + bool mask, enable_gqa | max abs err "
-             "| triton KV GB/s |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in result["tree_attention"]:
-        gqa = f"{r['sdpa_gqa_mask_ms']:.3f}" if "sdpa_gqa_mask_ms" in r else "-"     # runs before it was measured
-        lines.append(f"| {r['prefix']} | {r['nodes']} | {r['triton_ms']:.3f} | {r['torch_ref_ms']:.3f} | "
-                     f"{r['sdpa_mask_ms']:.3f} | {gqa} | {r['max_abs_err']:.1e} | {r['triton_kv_GBps']:.0f} |")
-    lines += ["", "Acceptance, K=8, V=151,936 (median ms):", "",
-              "| B | greedy triton | greedy torch | sampled triton | sampled torch |", "|---|---|---|---|---|"]
-    for r in result["acceptance"]:
-        lines.append(f"| {r['batch']} | {r['greedy_triton_ms']:.3f} | {r['greedy_torch_ms']:.3f} | "
-                     f"{r['sampled_triton_ms']:.3f} | {r['sampled_torch_ms']:.3f} |")
+             "Tree attention, bf16, B=1, 12 query heads / 2 key-value heads, head_dim 128 (median ms):", ""]
+    lines += markdown_table(result["tree_attention"], {
+        "prefix": "{prefix}", "nodes": "{nodes}", "triton": "{triton_ms:.3f}", "torch ref": "{torch_ref_ms:.3f}",
+        "SDPA + bool mask": "{sdpa_mask_ms:.3f}",
+        "SDPA + bool mask, enable_gqa": lambda r: (f"{r['sdpa_gqa_mask_ms']:.3f}" if "sdpa_gqa_mask_ms" in r
+                                                   else "-"),     # runs before it was measured
+        "max abs err": "{max_abs_err:.1e}", "triton KV GB/s": "{triton_kv_GBps:.0f}"})
+    lines += ["", "Acceptance, K=8, V=151,936 (median ms):", ""]
+    lines += markdown_table(result["acceptance"], {
+        "B": "{batch}", "greedy triton": "{greedy_triton_ms:.3f}", "greedy torch": "{greedy_torch_ms:.3f}",
+        "sampled triton": "{sampled_triton_ms:.3f}", "sampled torch": "{sampled_torch_ms:.3f}"})
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(result: dict):
     rows = result["tree_attention"]
     prefixes = sorted({r["prefix"] for r in rows})
-    fig, axes = plt.subplots(1, len(prefixes), figsize=(3.2 * len(prefixes), 3.4), sharey=True)
+    fig, axes = subplots(1, len(prefixes), figsize=(3.2 * len(prefixes), 3.4), sharey=True)
     for ax, P in zip(axes, prefixes):
         sub = [r for r in rows if r["prefix"] == P]
         for key, label in [("triton_ms", "Triton"), ("torch_ref_ms", "torch ref"), ("sdpa_mask_ms", "SDPA + mask"),
@@ -58,7 +53,7 @@ def plot(result: dict, path: Path) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(f"tree attention on {result['device']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def main(argv=None) -> None:
@@ -75,11 +70,7 @@ def main(argv=None) -> None:
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": tree_attention.triton.__version__,
               "tree_attention": tree_attention.benchmark(), "acceptance": acceptance.benchmark()}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_kernels.json").write_text(json.dumps(result, indent=1))
-    (out / "gpu_kernels.md").write_text(markdown(result))
-    plot(result, out / "gpu_kernels.png")
+    write_outputs(Path(args.out) / "gpu_kernels", result, markdown, plot)
     print(markdown(result))
 
 

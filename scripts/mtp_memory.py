@@ -20,8 +20,8 @@ B, T = 4, 256
 def child(way: str) -> None:
     import torch
 
+    from labkit.models.mtp import MTPConfig, MTPModel
     from labkit.mtp.loss import headwise_backward, naive_backward
-    from labkit.mtp.model import MTPConfig, MTPModel
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = MTPModel(MTPConfig(**SETTING, max_seq_len=T))
@@ -40,6 +40,9 @@ def child(way: str) -> None:
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         return child(sys.argv[2])
+    from labkit.bench.writer import (
+        write_outputs,  # here, not at the top: the children import only what they measure
+    )
     rows = []
     for way in ("naive", "headwise"):
         out = subprocess.run([sys.executable, __file__, "--child", way], capture_output=True, text=True, check=True)
@@ -48,16 +51,20 @@ def main() -> None:
     logits_mib = B * T * SETTING["vocab_size"] * 4 / 2**20
     result = {"setting": {**SETTING, "batch_size": B, "seq_len": T}, "one_head_logits_fp32_mib": logits_mib,
               "rows": rows, "ratio_naive_over_headwise": rows[0]["peak_above_start_mib"] / rows[1]["peak_above_start_mib"]}
-    out_dir = Path(__file__).resolve().parents[1] / "data" / "mtp"
-    (out_dir / "memory.json").write_text(json.dumps(result, indent=1))
+    write_outputs(Path(__file__).resolve().parents[1] / "data" / "mtp" / "memory", result, markdown)
+
+
+def markdown(result: dict) -> str:
+    from labkit.bench.writer import markdown_table
+    s = result["setting"]
     lines = ["# Multi-token loss: peak memory, naive vs head by head", "",
-             f"n=4 Gloeckle heads, V={SETTING['vocab_size']}, d={SETTING['dim']}, batch {B} x {T} tokens, fp32, CPU; "
-             f"one head's logits are {logits_mib:.0f} MiB. Peak RSS above the RSS before the step, each way in its own "
-             "process (`python scripts/mtp_memory.py`).", "",
-             "| way | peak above start (MiB) | loss | grad norm |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['way']} | {r['peak_above_start_mib']:.0f} | {r['loss']:.4f} | {r['grad_norm']:.4f} |" for r in rows]
+             f"n=4 Gloeckle heads, V={s['vocab_size']}, d={s['dim']}, batch {s['batch_size']} x {s['seq_len']} tokens, "
+             f"fp32, CPU; one head's logits are {result['one_head_logits_fp32_mib']:.0f} MiB. Peak RSS above the RSS "
+             "before the step, each way in its own process (`python scripts/mtp_memory.py`).", ""]
+    lines += markdown_table(result["rows"], {"way": "{way}", "peak above start (MiB)": "{peak_above_start_mib:.0f}",
+                                             "loss": "{loss:.4f}", "grad norm": "{grad_norm:.4f}"}, align="-rrr")
     lines += ["", f"naive / head by head: {result['ratio_naive_over_headwise']:.2f}x"]
-    (out_dir / "memory.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -22,11 +22,12 @@ import torch
 from tqdm import tqdm
 
 from labkit import SamplingConfig, autoregressive_generate, speculative_generate
+from labkit.bench.writer import write_outputs
+from labkit.decoding.tree import tree_generate
 from labkit.drafters.mtp import self_speculative
 from labkit.drafters.mtp_tree import MTPTreeTarget, head_topk_accuracy, mtp_tree_drafter
 from labkit.mtp.data import fixed_windows, load_corpus
 from labkit.mtp.train import N_VAL_WINDOWS, WINDOW_EXTRA, load_checkpoint
-from labkit.tree_decoding import tree_generate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
 MODELS = ["next", "gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "next_600", "gloeckle4_600", "gloeckle4_w01_600",
@@ -160,8 +161,7 @@ def main(argv=None) -> None:
     result = {"prompts": prompts, "new_tokens": NEW_TOKENS, "prompt_len": PROMPT_LEN, "threads": 1,
               "tree_budget": TREE_BUDGET, "top_k": TOP_K,
               "torch": torch.__version__, "models": rows}
-    (DATA / "results.json").write_text(json.dumps(result, indent=1))
-    (DATA / "results.md").write_text(markdown(result))
+    write_outputs(DATA / "results", result, markdown)
     print(markdown(result))
 
 

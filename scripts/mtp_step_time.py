@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from labkit.bench.writer import markdown_table, write_outputs
 from labkit.mtp.train import AUTOCAST, train
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
@@ -32,18 +33,22 @@ def main() -> None:
             config["train"]["precision"] = precision
             meta = train(config, Path(tmp), args.steps)
             rows.append({"precision": precision, "steps": args.steps, "seconds_per_step": meta["seconds_per_step"]})
-    fp32 = next(r["seconds_per_step"] for r in rows if r["precision"] == "fp32")
     result = {"config": config["name"], "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
               "threads": config["train"].get("threads", 1), "torch": torch.__version__,
               "cpu_capability": torch.backends.cpu.get_cpu_capability(), "rows": rows}
-    (DATA / "step_time.json").write_text(json.dumps(result, indent=1))
-    lines = [f"# Seconds per training step of `{config['name']}`, by precision", "",
-             f"{args.steps} steps each, {result['threads']} thread(s), torch {result['torch']}, CPU capability "
-             f"{result['cpu_capability']} (`python scripts/mtp_step_time.py`).", "",
-             "| precision | s/step | vs fp32 |", "|---|---:|---:|"]
-    lines += [f"| {r['precision']} | {r['seconds_per_step']:.2f} | {r['seconds_per_step'] / fp32:.1f}x |" for r in rows]
-    (DATA / "step_time.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_outputs(DATA / "step_time", result, markdown)
+    print(markdown(result), end="")
+
+
+def markdown(result: dict) -> str:
+    rows = result["rows"]
+    fp32 = next(r["seconds_per_step"] for r in rows if r["precision"] == "fp32")
+    lines = [f"# Seconds per training step of `{result['config']}`, by precision", "",
+             f"{rows[0]['steps']} steps each, {result['threads']} thread(s), torch {result['torch']}, CPU capability "
+             f"{result['cpu_capability']} (`python scripts/mtp_step_time.py`).", ""]
+    lines += markdown_table(rows, {"precision": "{precision}", "s/step": "{seconds_per_step:.2f}",
+                                   "vs fp32": lambda r: f"{r['seconds_per_step'] / fp32:.1f}x"}, align="-rr")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

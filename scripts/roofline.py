@@ -29,11 +29,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from labkit.hub import DEFAULT_TARGET
+from labkit.bench.writer import subplots, write_outputs
+from labkit.decoding.static import time_forward
 from labkit.hw import SHAPES, Roofline, describe, forward_cost
-from labkit.hw.device import add_timing_args, time_forwards, timing_clock
-from labkit.model import ModelArgs, Transformer
-from labkit.static_decode import time_forward
+from labkit.hw.device import add_timing_args, timing_clock
+from labkit.models.calibrate import time_forwards
+from labkit.models.hub import DEFAULT_TARGET
+from labkit.models.transformer import ModelArgs, Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -41,7 +43,7 @@ TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 def load_target(args) -> Transformer:
     if not args.random_init:
-        from labkit.loading import load_model
+        from labkit.models.loading import load_model
         return load_model(args.model, dtype="bf16", device=args.device, progress=False).model
     config = json.loads((Path(args.config)).read_text()) if args.config else None
     model_args = ModelArgs.from_hf_config(config) if config else SHAPES["qwen2.5-1.5b"]
@@ -49,12 +51,9 @@ def load_target(args) -> Transformer:
     return model.init_random().to(args.device).eval().requires_grad_(False)
 
 
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(result: dict):
     rows, roof = result["rows"], result["roofline"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(12, 4.5))
     T = [r["tokens"] for r in rows]
     ax1.plot(T, [r["measured_s"] * 1e3 for r in rows], "o-",
              label="measured (compiled, CUDA graph)" if rows[0].get("eager_s") else "measured")
@@ -81,7 +80,7 @@ def plot(result: dict, path: Path) -> None:
     fig.text(0.01, 0.01, f"bandwidth: {result['device']['bandwidth']['source']}; "
                          f"compute: {result['device']['peak_flops']['source']}", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def main(argv=None) -> dict:
@@ -127,11 +126,8 @@ def main(argv=None) -> dict:
               "roofline": {"bandwidth": roof.bandwidth, "peak_flops": roof.peak_flops, "ridge": roof.ridge,
                            "crossover_tokens": roof.crossover_tokens(model.args, args.context)},
               "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"roofline_{profile.kind}"
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-    plot(result, out / f"{name}.png")
+    out, name = Path(args.out), f"roofline_{profile.kind}"
+    write_outputs(out / name, result, fig=plot)
     t1 = times[tokens[0]]
     for r in rows:
         print(f"k={r['tokens']:3d}  {r['measured_s'] * 1e3:8.1f} ms  x{r['measured_s'] / t1:5.2f} of k=1   "

@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from labkit.model import ModelArgs, Transformer
-from labkit.mtp.model import MTPConfig, MTPModel
+from labkit.models.mtp import MTPConfig, MTPModel
+from labkit.models.transformer import ModelArgs, Transformer
 
 
 def _import_triton_interpreted() -> None:
@@ -112,6 +112,7 @@ def save_tiny_checkpoint(path, model_type: str = "qwen2", vocab_size: int = 128,
 def tiny_tokenizer():
     """Byte-level BPE with no merges: one token per character, which Qwen2's tokenizer class reloads as is."""
     import string
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     chars = list(string.ascii_letters + string.digits + ".,:;!?()[]{}=+-*/_'\"#<>") + ["Ġ", "Ċ"]   # Ġ space, Ċ newline

@@ -1,17 +1,21 @@
-"""Forward paths (labkit/backends.py) pinned to the reference model: logits, greedy equality, caches, errors."""
+"""Forward paths (labkit/models/backends.py) pinned to the reference model: logits, greedy equality, caches, errors."""
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-
-from labkit import DraftModelDrafter, PromptLookupDrafter, autoregressive_generate, speculative_generate
-from labkit.backends import PATHS, ForwardPath, apply_path, check_path
-from labkit.model import ModelArgs, Transformer
-from labkit.tree_decoding import tree_generate
-
 from conftest import perturbed
+
+from labkit import (
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    autoregressive_generate,
+    speculative_generate,
+)
+from labkit.decoding.tree import tree_generate
+from labkit.models.backends import PATHS, ForwardPath, apply_path, check_path
+from labkit.models.transformer import ModelArgs, Transformer
 
 # head size 64 and widths in whole vectors: every fused kernel runs (none falls back to its reference)
 SHAPE = dict(vocab_size=96, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=320, qkv_bias=True,
@@ -127,7 +131,7 @@ def test_bad_paths_and_precisions_are_refused_with_advice():
 
 
 def test_load_model_rejects_unknown_backend_device_and_dtype(tmp_path):
-    from labkit.loading import load_model
+    from labkit.models.loading import load_model
     with pytest.raises(ValueError, match="backend must be one of"):
         load_model(str(tmp_path), backend="turbo")
     with pytest.raises(ValueError, match="device must be one of"):
@@ -143,7 +147,8 @@ def test_load_model_rejects_unknown_backend_device_and_dtype(tmp_path):
 
 def test_load_model_runs_the_path_asked_and_records_it(tmp_path):
     from conftest import save_tiny_checkpoint
-    from labkit.loading import load_model
+
+    from labkit.models.loading import load_model
     save_tiny_checkpoint(tmp_path, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=256)
     ref = load_model(str(tmp_path), dtype="fp32", backend="reference", progress=False)
@@ -161,7 +166,7 @@ def test_load_model_runs_the_path_asked_and_records_it(tmp_path):
 
 @pytest.mark.parametrize("path,precision", CASES)
 def test_parameters_and_weight_bytes_are_counted_on_every_path(path, precision):
-    from labkit.model import count_params, weight_bytes
+    from labkit.models.transformer import count_params, weight_bytes
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     ref = model(dtype)
     fast = on_path(ref, path, precision)

@@ -5,14 +5,14 @@ import math
 
 import pytest
 import torch
-
-from labkit.autoregressive import autoregressive_generate
-from labkit.cli import encode_prompt, main
-from labkit.drafters import DraftModelDrafter
-from labkit.sampling import SamplingConfig
-from labkit.speculative import speculative_generate
-
 from conftest import save_tiny_checkpoint, tiny_model, tiny_tokenizer
+
+from labkit.cli import main
+from labkit.core.sampling import SamplingConfig
+from labkit.decoding.autoregressive import autoregressive_generate
+from labkit.decoding.speculative import speculative_generate
+from labkit.drafters import DraftModelDrafter
+from labkit.models.loading import encode_prompt
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +87,8 @@ def bad_argv(d):
 
 
 def test_every_bad_argument_is_one_clear_line(files, capsys, monkeypatch):
-    import labkit.loading
-    monkeypatch.setattr(labkit.loading, "load_native", lambda *a, **k: pytest.fail("a model loaded"))
+    import labkit.models.loading
+    monkeypatch.setattr(labkit.models.loading, "load_native", lambda *a, **k: pytest.fail("a model loaded"))
     for argv, message in bad_argv(files):
         try:
             code = main(argv)
@@ -125,7 +125,7 @@ def test_a_draft_from_another_vocabulary_or_a_shorter_context_is_refused():
     short = tiny_model(max_seq_len=target.max_seq_len // 2)
     with pytest.raises(ValueError, match=f"draft model's context holds {short.max_seq_len} tokens"):
         speculative_generate(target, DraftModelDrafter(short), prompt, 8)
-    from labkit.batched import batched_speculative_generate
+    from labkit.decoding.batched import batched_speculative_generate
     with pytest.raises(ValueError, match="draft model's vocabulary"):
         batched_speculative_generate(target, tiny_model(vocab_size=100), [prompt], 4)
 

@@ -5,10 +5,13 @@ import pytest
 import torch
 
 from labkit import autoregressive_generate
-from labkit.batched import RaggedCache, batched_autoregressive_generate, batched_speculative_generate, left_pad
-from labkit.sampling import SamplingConfig
-
-from conftest import tiny_model
+from labkit.core.sampling import SamplingConfig
+from labkit.decoding.batched import (
+    RaggedCache,
+    batched_autoregressive_generate,
+    batched_speculative_generate,
+    left_pad,
+)
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8]),
            torch.tensor([40, 41]), torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]), torch.tensor([60, 2, 60])]
@@ -98,7 +101,7 @@ def test_batched_speculative_sampling_draws_from_the_target_distribution(tiny_ta
     with torch.no_grad():
         logits = tiny_target(prompt[None], tiny_target.new_cache(max_len=16))[0, -1]
         q_logits = tiny_draft(prompt[None], tiny_draft.new_cache(max_len=16))[0, -1]
-    from labkit.sampling import probs_from_logits
+    from labkit.core.sampling import probs_from_logits
     p_target, q_draft = probs_from_logits(logits, cfg), probs_from_logits(q_logits, cfg)
     n = 2000
     out = batched_speculative_generate(tiny_target, tiny_draft, [prompt] * n, 2, gamma=2, sampling=cfg, seed=0)

@@ -3,16 +3,15 @@ import json
 
 import pytest
 import torch
+from conftest import save_tiny_checkpoint, tiny_tokenizer
 
-from labkit.adaptive import expected_speedup
 from labkit.bench import BenchConfig, read_questions, run_bench
 from labkit.bench.methods import METHODS, check_methods, default_methods
 from labkit.bench.questions import QuestionFileError
 from labkit.bench.report import aggregate, first_difference, ideal_speedup, load_run
 from labkit.bench.runner import read_results
 from labkit.cli import main
-
-from conftest import save_tiny_checkpoint, tiny_tokenizer
+from labkit.core.adaptive import expected_speedup
 
 
 def write_lines(path, *objs):

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from labkit import calibrate
-from labkit.calibrate import choose_path, pick
-from labkit.model import ModelArgs
+from labkit.models import calibrate
+from labkit.models.calibrate import choose_path, pick
+from labkit.models.transformer import ModelArgs
 
 SMALL = ModelArgs(vocab_size=512, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, hidden_dim=512, max_seq_len=512)
 

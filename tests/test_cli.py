@@ -2,10 +2,9 @@
 import json
 
 import pytest
+from conftest import save_tiny_checkpoint
 
 from labkit.cli import main
-
-from conftest import save_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

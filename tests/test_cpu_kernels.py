@@ -61,7 +61,7 @@ def test_packed_linear_is_batch_invariant(dtype):
 
 
 def test_packed_weight_unpacks_to_the_original():
-    from labkit.backends import PackedLinear
+    from labkit.models.backends import PackedLinear
     for dtype in (torch.float32, torch.bfloat16):
         linear = torch.nn.Linear(130, 75, dtype=dtype)
         assert torch.equal(PackedLinear(linear).weight, linear.weight.detach())
@@ -108,7 +108,7 @@ def test_fused_pointwise_kernels_match_the_model(dtype):
     assert close(cpu.rms_norm(x, w, 1e-6), cpu.rms_norm_ref(x, w, 1e-6), dtype) < TOL[dtype] / 2
     gate_up = rand(4, 512, dtype=dtype, seed=2)
     assert close(cpu.silu_mul(gate_up), cpu.silu_mul_ref(gate_up), dtype) < TOL[dtype] / 2
-    from labkit.model import rope_cos_sin
+    from labkit.models.layers import rope_cos_sin
     cos, sin = rope_cos_sin(torch.arange(3, 10).view(1, 7), 64, 1e6, dtype)   # (1, 1, 7, 64)
     q = rand(1, 2, 7, 64, dtype=dtype, seed=3)
     assert close(cpu.rope(q, cos, sin), cpu.rope_ref(q, cos, sin), dtype) < TOL[dtype] / 2

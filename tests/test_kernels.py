@@ -12,9 +12,9 @@ import torch.nn.functional as F
 import kernels
 from kernels import acceptance as acc_k
 from kernels import tree_attention as tree_k
-from labkit.acceptance import greedy_accept, speculative_accept
-from labkit.model import chain_mask
-from labkit.sampling import sample
+from labkit.core.acceptance import greedy_accept, speculative_accept
+from labkit.core.sampling import sample
+from labkit.models.transformer import chain_mask
 
 INTERPRET = not torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -206,8 +206,8 @@ def test_labkit_imports_and_decodes_without_triton():
     import sys
     code = ("import sys; sys.modules['triton'] = None\n"
             "import torch, kernels\n"
-            "from labkit.batched import batched_speculative_generate\n"
-            "from labkit.model import ModelArgs, Transformer\n"
+            "from labkit.decoding.batched import batched_speculative_generate\n"
+            "from labkit.models.transformer import ModelArgs, Transformer\n"
             "m = Transformer(ModelArgs(vocab_size=50, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=64))\n"
             "out = batched_speculative_generate(m.init_random(std=0.2), m, [torch.tensor([1, 2]), torch.tensor([3])], 6)\n"
             "q = torch.randn(1, 2, 3, 16); k = torch.randn(1, 1, 8, 16)\n"

@@ -1,11 +1,15 @@
 """labkit's native model computes what transformers computes, on the same checkpoint."""
 import pytest
 import torch
-
-from labkit import DraftModelDrafter, autoregressive_generate, load_model, speculative_generate
-from labkit.model import chain_mask
-
 from conftest import save_tiny_checkpoint
+
+from labkit import (
+    DraftModelDrafter,
+    autoregressive_generate,
+    load_model,
+    speculative_generate,
+)
+from labkit.models.transformer import chain_mask
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])

@@ -5,18 +5,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_mtp
 
 from labkit import SamplingConfig, autoregressive_generate, speculative_generate
 from labkit.drafters.mtp import self_speculative
+from labkit.models.mtp import MTPConfig, MTPModel
 from labkit.mtp.data import fixed_windows
 from labkit.mtp.loss import evaluate, headwise_backward, naive_backward
-from labkit.mtp.model import MTPConfig, MTPModel
 from labkit.mtp.train import WINDOW_EXTRA, load_checkpoint, train
-from conftest import tiny_mtp
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
-SHIPPED = ["gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "gloeckle4_600", "gloeckle4_w01_600", "deepseek3_600",
-           "gloeckle4_w01_600_t10", "gloeckle4_w005_600_t10"]
+# What is shipped is what data/mtp/configs/ trains (`make train-mtp` writes one checkpoint per config, same name)
+CONFIGS = {path.stem: json.loads(path.read_text()) for path in sorted((DATA / "configs").glob("*.json"))}
+SHIPPED = sorted(CONFIGS)                                                         # every checkpoint
+SHIPPED_MTP = [name for name in SHIPPED if CONFIGS[name]["model"]["kind"] != "next"]   # those with heads to draft with
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -84,11 +86,35 @@ def test_deepseek_incremental_drafts_match_full_window():
         committed += step.proposed[:step.n_accepted] + [step.next_token]
 
 
-def test_sampling_runs_and_stays_in_vocabulary():
-    model = tiny_mtp("gloeckle", 4, scale=2.0).eval().requires_grad_(False)
-    out = speculative_generate(*self_speculative(model), PROMPTS[0], 30, gamma=3,
-                               sampling=SamplingConfig(temperature=0.8, top_k=20), seed=0)
-    assert len(out.tokens) == 30 and all(0 <= t < 256 for t in out.tokens)
+def top_k_of_head1(model, prompt: torch.Tensor, new_tokens: list[int], k: int) -> list[list[int]]:
+    """Head 1's top-k after each prefix that produced a new token: what top-k sampling may emit there."""
+    seq = torch.cat([prompt, torch.tensor(new_tokens)])
+    logits = model(seq[None, :-1], model.new_cache())[0]                           # (T-1, V) head 1's
+    return logits[prompt.numel() - 1:].topk(k, dim=-1).indices.tolist()            # (len(new_tokens), k)
+
+
+@pytest.mark.parametrize("kind", ["gloeckle", "deepseek"])
+def test_sampled_self_speculative_emits_only_what_head1_can_sample(kind):
+    """Top-20 sampling: heads 2..n draft from their own top 20, which mostly misses head 1's; such a draft has
+    p = 0 and must be rejected, so every committed token is in head 1's top 20 where it was emitted. Drafts do get
+    accepted (the check covers them, not only head 1's own samples), and the seed fixes the output."""
+    model = tiny_mtp(kind, 4, scale=1.0).eval().requires_grad_(False)
+    cfg = SamplingConfig(temperature=0.8, top_k=20)
+    out = speculative_generate(*self_speculative(model), PROMPTS[0], 40, gamma=3, sampling=cfg, seed=0)
+    assert len(out.tokens) == 40 and sum(s.n_accepted for s in out.trace.steps) >= 1
+    allowed = top_k_of_head1(model, PROMPTS[0], out.tokens, 20)
+    assert [t for t, top in zip(out.tokens, allowed) if t not in top] == []
+    again = speculative_generate(*self_speculative(model), PROMPTS[0], 40, gamma=3, sampling=cfg, seed=0)
+    assert again.tokens == out.tokens
+
+
+@pytest.mark.parametrize("kind", ["gloeckle", "deepseek"])
+def test_sampling_with_top_k_1_is_greedy_decoding(kind):
+    """Through the sampling path (warped q and p, rejection sampling): a one-token support gives greedy output."""
+    model = tiny_mtp(kind, 4).eval().requires_grad_(False)
+    out = speculative_generate(*self_speculative(model), PROMPTS[0], 40, gamma=3,
+                               sampling=SamplingConfig(temperature=0.8, top_k=1), seed=0)
+    assert out.tokens == autoregressive_generate(model, PROMPTS[0], max_new_tokens=40).tokens
 
 
 def shipped(name):
@@ -97,7 +123,20 @@ def shipped(name):
     return load_checkpoint(DATA / name)
 
 
-@pytest.mark.parametrize("name", ["next", "next_600", "next_988", "next_1041", "next_778_t10"] + SHIPPED)
+def test_every_config_has_its_checkpoint_and_a_results_row():
+    """configs/ -> checkpoints (make train-mtp) -> results.json rows (scripts/mtp_results.py): none left behind."""
+    checkpoints = sorted(path.stem for path in DATA.glob("*.safetensors"))
+    assert SHIPPED_MTP and len(SHIPPED_MTP) < len(SHIPPED), "both multi-token and next-token-only models are shipped"
+    assert checkpoints == SHIPPED, "run `make train-mtp` (or remove the config of a model no longer shipped)"
+    assert sorted(json.loads((DATA / "results.json").read_text())["models"]) == SHIPPED, \
+        "run `python scripts/mtp_results.py`"
+    for name in SHIPPED:                                            # each checkpoint was trained from its config
+        meta = json.loads((DATA / f"{name}.json").read_text())
+        assert meta["model"] == {**meta["model"], **CONFIGS[name]["model"]}
+        assert meta["train"] == {**meta["train"], **CONFIGS[name]["train"]}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_checkpoint_reproduces_its_validation_loss(name):
     model, meta = shipped(name)
     T = meta["train"]["seq_len"]
@@ -106,7 +145,7 @@ def test_shipped_checkpoint_reproduces_its_validation_loss(name):
     assert evaluate(model, windows, T) == pytest.approx(meta["val_slice_loss_nats"], rel=2e-3)
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", SHIPPED_MTP)
 def test_shipped_checkpoint_greedy_self_speculative_equals_autoregressive(name):
     model, meta = shipped(name)
     prompts = json.loads((DATA / "results.json").read_text())["prompts"][:2]
@@ -118,24 +157,41 @@ def test_shipped_checkpoint_greedy_self_speculative_equals_autoregressive(name):
         assert out.trace.tokens_per_forward > 1.3, "a trained model's heads should get drafts accepted"
 
 
+def like_for_like(rows: dict, row: dict, same: str) -> list[str]:
+    """The next-token-only rows with `row`'s trunk and precision trained on equal data (same steps) or with equal
+    compute (training FLOPs within 2%): results.md's definition, re-derived here from the rows."""
+    def matches(other):
+        if other["kind"] != "next" or other["trunk"] != row["trunk"] or other["precision"] != row["precision"]:
+            return False
+        if same == "data":
+            return other["steps"] == row["steps"]
+        return abs(other["train_flops"] / row["train_flops"] - 1) < 0.02
+    return [name for name, other in rows.items() if matches(other)]
+
+
 def test_committed_loss_comparisons_are_like_for_like():
     """results.md compares each model with next-token-only models of the same trunk: at equal data (same steps and
-    precision) and at equal compute (training FLOPs within 2%), read back from the shipped checkpoints' records."""
+    precision) and at equal compute (training FLOPs within 2%). The recorded baselines are exactly those the
+    checkpoints' own records give (never ambiguous), every multi-token model has at least one, and the recorded
+    gaps are the losses' ratios."""
     rows = json.loads((DATA / "results.json").read_text())["models"]
-    assert set(rows) >= set(SHIPPED)
     for name, row in rows.items():
         meta = json.loads((DATA / f"{name}.json").read_text())
+        assert (row["kind"], row["n_future"]) == (meta["model"]["kind"], meta["model"]["n_future"])
         assert row["trunk"]["n_trunk"] == meta["model"]["n_trunk"] and row["train_flops"] == meta["train_flops"]
-        for key in ("baseline", "compute_baseline"):
+        assert (row["steps"], row["precision"]) == (meta["train"]["steps"], meta["train"]["precision"])
+        assert row["val_next_bits_per_byte"] == meta["val_next_bits_per_byte"]
+        for key, same, gap in (("baseline", "data", "val_loss_vs_next"),
+                               ("compute_baseline", "compute", "val_loss_vs_next_compute")):
+            candidates = like_for_like(rows, row, same)
+            assert len(candidates) <= 1, f"{name}: ambiguous equal-{same} baselines {candidates}"
+            assert row.get(key) == (candidates[0] if candidates else None), name
             if row.get(key):
-                base = rows[row[key]]
-                assert base["kind"] == "next" and base["trunk"] == row["trunk"] and base["precision"] == row["precision"]
-        if row.get("baseline"):
-            assert rows[row["baseline"]]["steps"] == row["steps"]
-        if row.get("compute_baseline"):
-            assert rows[row["compute_baseline"]]["train_flops"] == pytest.approx(row["train_flops"], rel=0.02)
-            if row["kind"] != "next":                                              # a next-token model is its own
-                assert rows[row["compute_baseline"]]["steps"] > row["steps"]       # the heads' FLOPs bought steps
-    assert rows["gloeckle4_w01_600_t10"]["compute_baseline"] == rows["gloeckle4_w005_600_t10"]["compute_baseline"] \
-        == "next_778_t10"
-    assert rows["gloeckle4_w01_600"]["compute_baseline"] == "next_988"
+                ratio = row["val_next_bits_per_byte"] / rows[row[key]]["val_next_bits_per_byte"] - 1
+                assert row[gap] == pytest.approx(ratio, abs=1e-12)
+        if row["kind"] == "next":
+            assert row["baseline"] == row["compute_baseline"] == name                  # a next-token model is its own
+        else:
+            assert row.get("baseline") or row.get("compute_baseline"), f"{name} is compared with nothing"
+            if row.get("compute_baseline"):
+                assert rows[row["compute_baseline"]]["steps"] > row["steps"]           # the heads' FLOPs bought steps

@@ -4,16 +4,16 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_mtp
+from test_mtp import DATA, PROMPTS, top_k_of_head1
 
 from labkit import SamplingConfig, autoregressive_generate, speculative_generate
+from labkit.decoding.tree import TreeDecoder, tree_generate
 from labkit.drafters.mtp import self_speculative
 from labkit.drafters.mtp_tree import MTPTreeTarget, head_topk_accuracy, mtp_tree_drafter
+from labkit.models.mtp import mtp_window_targets
 from labkit.mtp.data import fixed_windows
-from labkit.mtp.model import mtp_window_targets
 from labkit.mtp.train import WINDOW_EXTRA, load_checkpoint
-from labkit.tree_decoding import TreeDecoder, tree_generate
-from conftest import tiny_mtp
-from test_mtp import DATA, PROMPTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,11 +85,27 @@ def test_tree_drafting_errors_say_what_to_do():
         mtp_tree_drafter(model, made_up_accuracy(3), 8)
 
 
-def test_sampled_tree_decoding_runs_and_stays_in_vocabulary():
+def test_sampled_tree_decoding_emits_only_what_head1_can_sample():
+    """Top-20 sampling: the tree holds heads 2..n's top tokens, mostly outside head 1's top 20; such a node has
+    p = 0 and must be rejected, so every committed token is in head 1's top 20 where it was emitted. Nodes do get
+    accepted (the check covers them, not only head 1's own samples), and the seed fixes the output."""
     model = tiny_mtp("gloeckle", 4, scale=2.0).eval().requires_grad_(False)
-    out = tree_generate(MTPTreeTarget(model), mtp_tree_drafter(model, made_up_accuracy(4), 8), PROMPTS[0], 30, 8,
-                        sampling=SamplingConfig(temperature=0.8, top_k=20), seed=0)
-    assert len(out.tokens) == 30 and all(0 <= t < 256 for t in out.tokens)
+    cfg = SamplingConfig(temperature=0.8, top_k=20)
+    run = lambda: tree_generate(MTPTreeTarget(model), mtp_tree_drafter(model, made_up_accuracy(4), 8), PROMPTS[0], 40,
+                                8, sampling=cfg, seed=0)
+    out = run()
+    assert len(out.tokens) == 40 and sum(s.n_accepted for s in out.trace.steps) >= 1
+    allowed = top_k_of_head1(model, PROMPTS[0], out.tokens, 20)
+    assert [t for t, top in zip(out.tokens, allowed) if t not in top] == []
+    assert run().tokens == out.tokens
+
+
+def test_sampled_tree_decoding_with_top_k_1_is_greedy_decoding():
+    """Through the sampling path (multi-candidate rejection sampling): a one-token support gives greedy output."""
+    model = tiny_mtp("gloeckle", 4).eval().requires_grad_(False)
+    out = tree_generate(MTPTreeTarget(model), mtp_tree_drafter(model, made_up_accuracy(4), 8), PROMPTS[0], 40, 8,
+                        sampling=SamplingConfig(temperature=0.8, top_k=1), seed=0)
+    assert out.tokens == autoregressive_generate(model, PROMPTS[0], max_new_tokens=40).tokens
 
 
 def test_shipped_model_tree_is_exact_and_accepts_more_than_its_chain():

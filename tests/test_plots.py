@@ -7,11 +7,22 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from labkit.adaptive import expected_speedup  # noqa: E402
-from labkit.plots import (acceptance_parts, accept_length_counts, per_position_acceptance,  # noqa: E402
-                          plot_cache_rollback, plot_distributions, plot_routes, plot_speedup_vs_gamma, plot_steps)
-from labkit.trace import Step, Trace  # noqa: E402
-from labkit.widgets import CacheLengths  # noqa: E402
+from labkit.core.adaptive import expected_speedup  # noqa: E402
+from labkit.core.trace import (  # noqa: E402
+    CacheLengths,  # noqa: E402
+    Step,
+    Trace,
+)
+from labkit.viz.plots import (  # noqa: E402
+    accept_length_counts,
+    acceptance_parts,
+    per_position_acceptance,
+    plot_cache_rollback,
+    plot_distributions,
+    plot_routes,
+    plot_speedup_vs_gamma,
+    plot_steps,
+)
 
 
 def make_trace(shape: list[tuple[int, int]]) -> Trace:

@@ -5,14 +5,18 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_model
 from scipy.stats import chisquare
 
-import labkit.speculative as spec
-from labkit import DraftModelDrafter, PromptLookupDrafter, SamplingConfig, speculative_generate
-from labkit.acceptance import Acceptance, speculative_accept
-from labkit.sampling import probs_from_logits, sample
-
-from conftest import tiny_model
+import labkit.decoding.speculative as spec
+from labkit import (
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    SamplingConfig,
+    speculative_generate,
+)
+from labkit.core.acceptance import Acceptance, speculative_accept
+from labkit.core.sampling import probs_from_logits, sample
 
 V, N_POS, N_RUNS = 8, 3, 3000
 PROMPT = torch.tensor([1, 4, 2])

@@ -1,11 +1,17 @@
 """Greedy speculative decoding equals greedy autoregressive decoding, token for token, and rolls back exactly."""
 import pytest
 import torch
-
-from labkit import (CostAwareGamma, DraftModelDrafter, HeuristicGamma, PromptLookupDrafter, SpeculativeDecoder,
-                    autoregressive_generate, speculative_generate)
-
 from conftest import tiny_model
+
+from labkit import (
+    CostAwareGamma,
+    DraftModelDrafter,
+    HeuristicGamma,
+    PromptLookupDrafter,
+    SpeculativeDecoder,
+    autoregressive_generate,
+    speculative_generate,
+)
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 
@@ -103,7 +109,7 @@ def test_context_limit_stops_cleanly():
 
 
 def synthetic_step(gamma: int, n_accepted: int, draft_per_token: float, verify: float):
-    from labkit.trace import Step
+    from labkit.core.trace import Step
     return Step(proposed=[1] * gamma, n_accepted=n_accepted, next_token=2, bonus=n_accepted == gamma,
                 draft_time=gamma * draft_per_token, verify_time=verify)
 

@@ -1,4 +1,4 @@
-"""The static, compilable decode path (labkit/static_decode.py) against the model's own forward.
+"""The static, compilable decode path (labkit/decoding/static.py) against the model's own forward.
 
 On CPU: the static cache's writes and whole-buffer reads under a mask give the logits of
 Transformer.forward; greedy tokens equal the autoregressive baseline's, token for token, eagerly
@@ -7,10 +7,10 @@ inductor's code generation, which the GPU benchmark scripts/bench_decode.py exer
 """
 import pytest
 import torch
-
 from conftest import tiny_model
+
 from labkit import autoregressive_generate
-from labkit.static_decode import StaticDecoder, StaticKVCache, static_forward
+from labkit.decoding.static import StaticDecoder, StaticKVCache, static_forward
 
 
 def test_static_forward_equals_forward_for_prefill_and_steps(tiny_target):

@@ -1,17 +1,14 @@
 """Trees: mask/depth/paths from parents, exact greedy and sampled tree acceptance, KV compaction, exact decoding."""
-import itertools
 
 import pytest
 import torch
 
 from labkit import DraftModelDrafter, autoregressive_generate, speculative_generate
-from labkit.drafters.tree_base import ChainAsTree, TreeDrafter, TreeProposal
-from labkit.sampling import SamplingConfig
-from labkit.tree import Tree
-from labkit.tree_acceptance import greedy_tree_accept, tree_speculative_accept
-from labkit.tree_decoding import TreeDecoder, tree_generate
-
-from conftest import perturbed, tiny_model
+from labkit.core.sampling import SamplingConfig
+from labkit.core.tree import Tree
+from labkit.core.tree_acceptance import greedy_tree_accept, tree_speculative_accept
+from labkit.decoding.tree import TreeDecoder, tree_generate
+from labkit.drafters.base import Drafter, Proposal
 
 
 def random_parents(n: int, seed: int) -> torch.Tensor:
@@ -170,7 +167,7 @@ def test_tree_rejection_sampling_with_fixed_sampled_tokens_is_biased():
 
 # --- the cache after a tree step -----------------------------------------------------------------
 
-class RandomTreeDrafter(TreeDrafter):
+class RandomTreeDrafter(Drafter):
     """Test drafter: random trees whose first line follows a reference continuation for a while."""
     name = "random-tree"
 
@@ -190,7 +187,7 @@ class RandomTreeDrafter(TreeDrafter):
             node = int(kids[0])
             nodes[node] = self.reference[done + depth]
             depth += 1
-        return TreeProposal(nodes, Tree(parents))
+        return Proposal(nodes, tree=Tree(parents))
 
 
 def test_cache_after_tree_steps_equals_cache_recomputed(tiny_target):
@@ -231,7 +228,7 @@ def test_greedy_tree_decoding_equals_autoregressive(tiny_target, prompt, n_nodes
 def test_chain_as_tree_matches_the_chain_loop(tiny_target, tiny_draft):
     prompt = PROMPTS[0]
     chain = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft), prompt, 40, gamma=4)
-    tree = tree_generate(tiny_target, ChainAsTree(DraftModelDrafter(tiny_draft)), prompt, 40, budget=4)
+    tree = tree_generate(tiny_target, DraftModelDrafter(tiny_draft), prompt, 40, budget=4)
     assert tree.tokens == chain.tokens
     assert [s.n_accepted for s in tree.trace.steps] == [s.n_accepted for s in chain.trace.steps]
 
@@ -241,7 +238,7 @@ def test_sampled_chain_as_tree_samples_like_the_chain_loop(tiny_target, tiny_dra
     cfg = SamplingConfig(temperature=1.0)
     lengths = []
     for seed in range(3):
-        out = tree_generate(tiny_target, ChainAsTree(DraftModelDrafter(tiny_draft)), PROMPTS[0], 30, budget=3,
+        out = tree_generate(tiny_target, DraftModelDrafter(tiny_draft), PROMPTS[0], 30, budget=3,
                             sampling=cfg, seed=seed)
         assert out.trace.n_generated == 30
         lengths.append(out.trace.tokens_per_forward)
@@ -250,11 +247,11 @@ def test_sampled_chain_as_tree_samples_like_the_chain_loop(tiny_target, tiny_dra
 
 def test_budget_and_tree_errors(tiny_target):
     with pytest.raises(ValueError, match="budget"):
-        TreeDecoder(tiny_target, ChainAsTree(DraftModelDrafter(tiny_target)), PROMPTS[0], 5, budget=0)
+        TreeDecoder(tiny_target, DraftModelDrafter(tiny_target), PROMPTS[0], 5, budget=0)
 
 
 def test_tree_layout_puts_parents_over_their_children():
-    from labkit.tree_plots import tree_layout
+    from labkit.viz.tree_plots import tree_layout
     tree = Tree(random_parents(15, 3))
     x, y = tree_layout(tree)
     assert torch.equal(y, tree.depth.float())

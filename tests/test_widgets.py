@@ -1,11 +1,15 @@
 """The stepper: one step's view (both caches' rollback measured, not assumed), its HTML, and the widget."""
 import pytest
 import torch
-
-from labkit import DraftModelDrafter, PromptLookupDrafter, SpeculativeDecoder, speculative_generate
-from labkit.widgets import Stepper, step_html, take_step, token_text
-
 from conftest import tiny_tokenizer
+
+from labkit import (
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    SpeculativeDecoder,
+    speculative_generate,
+)
+from labkit.viz.widgets import Stepper, step_html, take_step, token_text
 
 PROMPT = torch.tensor([5, 17, 33, 2, 9])
 

@@ -7,7 +7,7 @@
 - `decode_attention`: T queries over a KV cache, one row at a time (grouped-query heads read each
   key once, hidden slots skipped, softmax in fp32). Reference: `scaled_dot_product_attention`.
 - `rms_norm`, `rope`, `silu_mul`: a decoder layer's per-token operations, each fused into one call
-  that rounds where torch rounds. References: labkit.model's `rms_norm`, `apply_rope`, `swiglu`.
+  that rounds where torch rounds. References: labkit.models.transformer's `rms_norm`, `apply_rope`, `swiglu`.
 
 Both are batch invariant: a row's output has the same bits whether it is computed alone or with
 63 others, so a k-token verify reproduces k one-token steps exactly, in bf16 as in fp32.
@@ -75,7 +75,7 @@ def _build_tag(march: str = "native") -> str:
 
 
 def build_dir() -> Path:
-    from labkit.hub import cache_dir
+    from labkit.models.hub import cache_dir
     return cache_dir() / "kernels"
 
 
@@ -159,17 +159,17 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_ref(x, weight, eps):
-    from labkit.model import rms_norm as ref
+    from labkit.models.layers import rms_norm as ref
     return ref(x, weight, eps)
 
 
 def rope_ref(x, cos, sin):
-    from labkit.model import apply_rope
+    from labkit.models.layers import apply_rope
     return apply_rope(x, cos, sin)
 
 
 def silu_mul_ref(gate_up):
-    from labkit.model import swiglu
+    from labkit.models.layers import swiglu
     return swiglu(gate_up)
 
 

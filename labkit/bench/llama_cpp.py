@@ -39,7 +39,7 @@ def check_available(programs: tuple[str, ...] = PROGRAMS) -> None:
 
 def check_model(name: str) -> None:
     """llama.cpp reads a preset's GGUF file: any other model is an error."""
-    from ..hub import PRESETS
+    from ..models.hub import PRESETS
     if name not in PRESETS:
         raise ValueError(f"the llama.cpp methods run the presets' GGUF files; {name!r} is not a preset "
                          f"({', '.join(PRESETS)})")
@@ -47,7 +47,7 @@ def check_model(name: str) -> None:
 
 def gguf_file(name: str) -> Path:
     """The verified GGUF of preset `name` (llama.cpp reads the file labkit converted)."""
-    from ..hub import fetch_weights
+    from ..models.hub import fetch_weights
     check_model(name)
     return fetch_weights(name, progress=False)
 

@@ -13,11 +13,11 @@ from typing import Callable
 
 import torch
 
-from ..adaptive import CostAwareGamma, GammaPolicy, HeuristicGamma
-from ..autoregressive import autoregressive_generate
+from ..core.adaptive import CostAwareGamma, GammaPolicy, HeuristicGamma
+from ..decoding.autoregressive import autoregressive_generate
+from ..decoding.speculative import Generation, speculative_generate
+from ..decoding.tree import tree_generate
 from ..drafters import DraftModelDrafter, PromptLookupDrafter
-from ..speculative import Generation, speculative_generate
-from ..tree_decoding import tree_generate
 
 BASELINE = "ar"             # every speedup is over this method, measured on the same question
 PEER_BASELINE = "hf-generate"
@@ -134,8 +134,8 @@ def _check_heads_target(m: Models) -> None:
 def _eagle(top_k: int, depth: int):
     def make(m: Models):
         _check_heads_target(m)
-        from ..heads.checkpoint import REPO_HEADS
-        from ..heads.eagle import EagleDrafter, load_eagle
+        from ..drafters.eagle import EagleDrafter, load_eagle
+        from ..drafters.medusa import REPO_HEADS
         head, vocab, _ = load_eagle(REPO_HEADS / "eagle-qwen2.5-coder-1.5b", m.target.model)
         return EagleDrafter(head, m.target.model, vocab, top_k=top_k, depth=depth)
     return make
@@ -143,8 +143,7 @@ def _eagle(top_k: int, depth: int):
 
 def _medusa(m: Models):
     _check_heads_target(m)
-    from ..heads.checkpoint import REPO_HEADS, load_medusa
-    from ..heads.medusa import MedusaDrafter
+    from ..drafters.medusa import REPO_HEADS, MedusaDrafter, load_medusa
     heads, config = load_medusa(REPO_HEADS / "medusa-qwen2.5-coder-1.5b", m.target.model)
     return MedusaDrafter(heads, [tuple(c) for c in config["choices"]])
 
@@ -226,7 +225,7 @@ METHODS: dict[str, Method] = {m.name: m for m in [
 def default_methods(target: str) -> list[str]:
     """Every method that runs on `target`: the trained-head methods only on the target they were trained on,
     llama.cpp's where it is built and the target is a preset (it reads the preset's GGUF)."""
-    from ..hub import PRESETS
+    from ..models.hub import PRESETS
     from .llama_cpp import available
     return [n for n, m in METHODS.items() if ("heads" not in m.needs or target == HEADS_TARGET)
             and ("llama-cpp" not in m.needs or (target in PRESETS and available()))]

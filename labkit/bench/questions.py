@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..textfile import read_text
+from ..core.textfile import read_text
 
 
 class QuestionFileError(ValueError):

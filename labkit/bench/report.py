@@ -18,7 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..adaptive import expected_speedup
+from ..core.adaptive import expected_speedup
 from .methods import BASELINE, METHODS
 from .runner import read_results
 

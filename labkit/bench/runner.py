@@ -105,8 +105,8 @@ def _append(path: Path, record: dict) -> None:
 
 def load_models(config: BenchConfig, progress: bool = True) -> Models:
     """labkit's pair, and transformers' copies of the checkpoints only when a chosen method needs them."""
-    from ..hub import resolve_model
-    from ..loading import DTYPES, load_draft, load_model
+    from ..models.hub import resolve_model
+    from ..models.loading import DTYPES, load_draft, load_model
     needs = set().union(*(METHODS[n].needs for n in config.methods))
     models = Models(load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress),
                     draft_name=config.draft)
@@ -125,7 +125,7 @@ def load_models(config: BenchConfig, progress: bool = True) -> Models:
 
 
 def encode(models: Models, q: Question, chat_template: bool) -> torch.Tensor:
-    from ..cli import encode_prompt
+    from ..models.loading import encode_prompt
     return encode_prompt(models.target.tokenizer, q.prompt, chat_template)   # (T,)
 
 
@@ -194,7 +194,7 @@ def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[str]]], pa
 
 
 def _meta(config: BenchConfig, models: Models) -> dict:
-    from ..cli import run_facts
+    from ..models.calibrate import run_facts
     facts = run_facts(models.target, models.draft)
     return {**asdict(config), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{facts['cpu']} ({facts['isa']}), {platform.machine()}, {config.threads} threads, "

@@ -1,4 +1,11 @@
-"""Drafters: everything that proposes tokens for the target to verify."""
+"""Drafters: everything that proposes tokens for the target to verify, behind one interface (base.py).
+
+    draft_model    a small model of the same tokenizer (Leviathan 2023)
+    prompt_lookup  n-gram copying from the context (no model)
+    medusa         Medusa-1 heads on the target's features, a static top-k tree
+    eagle          an EAGLE feature-level head, EAGLE-2 dynamic trees
+    mtp, mtp_tree  multi-token heads drafting for their own model (Gloeckle, DeepSeek-V3)
+"""
 from .base import Drafter, Proposal
 from .draft_model import DraftModelDrafter
 from .prompt_lookup import PromptLookupDrafter

@@ -1,8 +1,19 @@
-"""The one interface every drafter implements: propose K tokens after the committed ones.
+"""The one interface every drafter implements: propose tokens after the committed ones.
 
-A drafter sees the committed token ids (prompt + generated), never text. The speculative
-loop calls `start` once per sequence, `propose` once per step and `rollback` after the
-target has decided, so a drafter with state (a KV cache) can drop what was rejected.
+A proposal is a tree of draft tokens whose root is the last committed token; a chain is the
+tree with one child per node, and most drafters (a draft model, prompt lookup, MTP heads) propose
+chains. The decoding loops (labkit.decoding) call, per sequence:
+
+    start(prompt_ids, features)     once, after the target's prefill
+    propose(tokens, k, sampling)    once per step: at most k nodes to follow the committed `tokens`
+    commit(n_cached, features)      after the target has decided: the target's cache now holds the
+                                    first n_cached committed tokens (all but the last), and
+                                    `features` are the target's features of the positions the step
+                                    added (None where the loop has none)
+
+A drafter with state (a KV cache) drops what was rejected in `commit`. A drafter that reads the
+target's features (Medusa, EAGLE) says so with `reads_features`: only the tree loop, which runs
+labkit's own model, can give them. The drafter sees token ids, never text.
 """
 from __future__ import annotations
 
@@ -11,43 +22,69 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingConfig
+from ..core.sampling import SamplingConfig
+from ..core.tree import Tree
 
 
 @dataclass
 class Proposal:
-    tokens: torch.Tensor                  # (K,) proposed token ids
-    q_draft: torch.Tensor | None = None   # (K, V) distribution each token was sampled from; None: deterministic
-    q_token: torch.Tensor | None = None   # (K,) the drafter's probability of each token (for the trace)
+    tokens: torch.Tensor                  # (N,) proposed token of each node
+    q_draft: torch.Tensor | None = None   # (N, V) distribution node i was drawn from; None: chosen deterministically
+    q_token: torch.Tensor | None = None   # (N,) the drafter's probability of (confidence in) each node, for the trace
+    tree: Tree | None = None              # parents (N,), parents[i] < i, -1 under the root; None: a chain
 
     def __post_init__(self):
         if self.q_token is None:
             self.q_token = torch.ones(self.tokens.shape[0])
+        if self.tree is not None and self.tokens.shape != self.tree.parents.shape:
+            raise ValueError(f"{self.tokens.numel()} tokens for a tree of {self.tree.n_nodes} nodes")
 
     @property
     def k(self) -> int:
         return self.tokens.shape[0]
 
+    @property
+    def is_chain(self) -> bool:
+        return self.tree is None or bool((self.tree.parents == torch.arange(self.k) - 1).all())
+
+    def as_tree(self) -> Tree:
+        """The proposal's tree (a chain's: node i's parent is node i-1)."""
+        return Tree.chain(self.k) if self.tree is None else self.tree
+
+    def limit(self, n: int) -> "Proposal":
+        """The first n nodes (still a tree: parents come before children)."""
+        if n >= self.k:
+            return self
+        pick = lambda t: None if t is None else t[:n]
+        return Proposal(self.tokens[:n], pick(self.q_draft), pick(self.q_token),
+                        None if self.tree is None else Tree(self.tree.parents[:n]))
+
     def q_or_one_hot(self, vocab_size: int) -> torch.Tensor:
         """q_draft, or the one-hot of a deterministic proposal (what rejection sampling needs)."""
         if self.q_draft is not None:
             return self.q_draft
-        return torch.nn.functional.one_hot(self.tokens, vocab_size).float()      # (K, V)
+        return torch.nn.functional.one_hot(self.tokens, vocab_size).float()      # (N, V)
+
+    @classmethod
+    def empty(cls, like: torch.Tensor) -> "Proposal":
+        return cls(like.new_empty(0, dtype=torch.long))
 
 
 class Drafter(ABC):
     name: str = "drafter"
+    reads_features: bool = False          # True: drafts from the target's features (the tree loop gives them)
 
     def check_target(self, target) -> None:
         """Raise ValueError, saying what to do, when this drafter cannot draft for `target`."""
 
-    def start(self, prompt_ids: torch.Tensor) -> None:
-        """Get ready for a new sequence whose prompt is `prompt_ids` (T,)."""
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """A new sequence: `prompt_ids` (T,); `features` (T-1, F) of the prompt's cached positions, if read."""
 
     @abstractmethod
     def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
-        """Up to k draft tokens to follow `tokens` (N,), the committed sequence so far."""
+        """At most k draft nodes (a chain or a tree) to follow `tokens` (N,), the committed sequence so far."""
 
-    def rollback(self, n_valid: int) -> None:
-        """Forget state beyond the first `n_valid` tokens: the rest were rejected or never committed."""
+    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
+        """The target kept the first `n_cached` tokens; forget state beyond them. `features` (m, F): the
+        target's features of the m positions this step added to its cache (None outside the tree loop)."""

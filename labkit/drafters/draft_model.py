@@ -2,13 +2,13 @@
 
 It keeps its own KV cache. Each `propose` first feeds the committed tokens it has not
 seen (the last step's accepted tokens and the target's correction/bonus token), then drafts.
-`rollback` truncates its cache to what the target accepted.
+`commit` truncates its cache to what the target accepted.
 """
 from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingConfig, probs_from_logits, sample
+from ..core.sampling import SamplingConfig, draw
 from .base import Drafter, Proposal
 
 
@@ -25,20 +25,19 @@ class DraftModelDrafter(Drafter):
     def check_target(self, target) -> None:
         check_draft_model(target, self.model)
 
-    def start(self, prompt_ids: torch.Tensor) -> None:
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         self.cache = self.model.new_cache()
 
     @torch.no_grad()
     def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
         if k == 0:
-            return Proposal(tokens.new_empty(0))
+            return Proposal.empty(tokens)
         unseen = tokens[self.cache.length:].to(self.model.device)                 # (n,): >= 1 committed token
         logits = self.model(unseen[None], self.cache, num_logits=1)[0, -1].cpu()  # (V,), sampled on the host
         drafted, q_rows, q_tok = [], [], []
         for i in range(k):
-            probs = logits.float().softmax(-1) if sampling.greedy else probs_from_logits(logits, sampling)  # (V,)
-            x = probs.argmax() if sampling.greedy else sample(probs, generator)
+            x, probs = draw(logits, sampling, generator)                              # (), (V,)
             drafted.append(x)
             q_rows.append(probs)
             q_tok.append(probs[x])
@@ -48,8 +47,8 @@ class DraftModelDrafter(Drafter):
                 logits = self.model(x.view(1, 1).to(self.model.device), self.cache)[0, -1].cpu()  # (V,)
         return Proposal(torch.stack(drafted), None if sampling.greedy else torch.stack(q_rows), torch.stack(q_tok))
 
-    def rollback(self, n_valid: int) -> None:
-        self.cache.truncate(min(self.cache.length, n_valid))
+    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
+        self.cache.truncate(min(self.cache.length, n_cached))
 
 
 def check_draft_model(target, draft) -> None:

@@ -5,23 +5,25 @@ The target and the drafter are one model, so the draft comes free from the last 
 `MTPVerifier` is the loop's target (it returns head 1's next-token logits, like any target) and
 also keeps, per absolute position, what the heads saw. Position p = len(committed) - 2 is the
 last position whose input is committed; its head 1 predicted the last committed token, so
-  - Gloeckle: heads 2..n at p already hold the next n-1 tokens: reading them costs nothing;
-  - DeepSeek: module 1 at p takes head 1's hidden state there plus the embedding of the last
-    committed token and predicts the next token; module 2 takes module 1's state plus that
-    draft token, and so on: a short sequential chain, each module with its own KV cache that
-    trails the trunk (module k at position i needs token i+k) and rolls back with it.
+  - Gloeckle (`GloeckleDrafter`): heads 2..n at p already hold the next n-1 tokens: reading them
+    costs nothing;
+  - DeepSeek (`DeepSeekDrafter`): module 1 at p takes head 1's hidden state there plus the
+    embedding of the last committed token and predicts the next token; module 2 takes module 1's
+    state plus that draft token, and so on: a short sequential chain, each module with its own KV
+    cache that trails the trunk (module k at position i needs token i+k) and rolls back with it.
 Head 1 verifies in the next forward, so greedy output equals the model's own greedy output.
 """
 from __future__ import annotations
 
 import torch
 
-from ..mtp.model import MTPModel
-from ..sampling import SamplingConfig, probs_from_logits, sample
+from ..core.sampling import SamplingConfig, draw
+from ..models.mtp import MTPModel
+from ..models.target import Wrapped
 from .base import Drafter, Proposal
 
 
-class MTPVerifier:
+class MTPVerifier(Wrapped):
     """The speculative loop's target: an MTPModel forward that also keeps every head's view per position."""
 
     def __init__(self, model: MTPModel):
@@ -33,13 +35,6 @@ class MTPVerifier:
         self.head1_hidden = torch.zeros(S, D, device=model.device)                      # (S, D) by position
         n_parallel = cfg.n_future - 1 if cfg.kind == "gloeckle" else 0
         self.future_logits = torch.zeros(S, n_parallel, V, device=model.device)         # (S, n-1, V) Gloeckle heads 2..n
-
-    vocab_size = property(lambda self: self.model.vocab_size)
-    max_seq_len = property(lambda self: self.model.max_seq_len)
-    device = property(lambda self: self.model.device)
-
-    def new_cache(self, batch_size: int = 1, max_len: int | None = None):
-        return self.model.new_cache(batch_size, max_len)
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, cache, positions=None, mask=None, num_logits: int | None = None):
@@ -57,41 +52,51 @@ class MTPVerifier:
 
 
 class MTPDrafter(Drafter):
-    """Drafts up to n-1 tokens from the heads' view of the last committed position (see module docstring)."""
+    """Drafts up to n-1 tokens, one head (or module) after the other, from the last committed position."""
 
     def __init__(self, verifier: MTPVerifier):
         self.verifier, self.model = verifier, verifier.model
         self.name = f"mtp-{self.model.cfg.kind}{self.model.cfg.n_future}"
         self.max_draft = self.model.cfg.n_future - 1
-        self.module_caches, self.module_hidden = [], []
 
-    def start(self, prompt_ids: torch.Tensor) -> None:
-        if self.model.cfg.kind == "deepseek":
-            S, D = self.model.cfg.max_seq_len, self.model.cfg.dim
-            self.module_caches = [self.model.new_module_cache() for _ in range(self.max_draft)]
-            self.module_hidden = [torch.zeros(S, D, device=self.model.device) for _ in range(self.max_draft)]
+    def head_logits(self, i: int, p: int, seq: list[int]) -> torch.Tensor:
+        """Logits (V,) of draft token i (0-based) after position p; `seq`: the committed tokens and drafts so far."""
+        raise NotImplementedError
 
     @torch.no_grad()
     def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
         p, k = tokens.numel() - 2, min(k, self.max_draft)         # p: last position with a committed input
         if p < 0 or k == 0:                                       # a one-token prompt: nothing seen yet
-            return Proposal(tokens.new_empty(0))
+            return Proposal.empty(tokens)
         drafted, q_rows, q_tok = [], [], []
         seq = tokens.tolist()
         for i in range(k):
-            logits = self.verifier.future_logits[p, i] if self.model.cfg.kind == "gloeckle" \
-                else self._module_logits(i, p, seq)                                        # (V,)
-            probs = logits.float().softmax(-1) if sampling.greedy else probs_from_logits(logits, sampling)
-            x = probs.argmax() if sampling.greedy else sample(probs, generator)
+            x, probs = draw(self.head_logits(i, p, seq), sampling, generator)              # (), (V,)
             drafted.append(x)
             q_rows.append(probs)
             q_tok.append(probs[x])
             seq.append(int(x))
         return Proposal(torch.stack(drafted), None if sampling.greedy else torch.stack(q_rows), torch.stack(q_tok))
 
-    def _module_logits(self, k: int, p: int, seq: list[int]) -> torch.Tensor:
-        """DeepSeek module k (0-based) caught up to position p; its logits there (V,) predict token p+k+2."""
+
+class GloeckleDrafter(MTPDrafter):
+    """Gloeckle heads 2..n: their outputs at position p, kept by the verifier, are the draft."""
+
+    def head_logits(self, i, p, seq):
+        return self.verifier.future_logits[p, i]                                           # (V,)
+
+
+class DeepSeekDrafter(MTPDrafter):
+    """DeepSeek-V3's sequential modules, each with a KV cache that trails the trunk's."""
+
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        S, D = self.model.cfg.max_seq_len, self.model.cfg.dim
+        self.module_caches = [self.model.new_module_cache() for _ in range(self.max_draft)]
+        self.module_hidden = [torch.zeros(S, D, device=self.model.device) for _ in range(self.max_draft)]
+
+    def head_logits(self, k: int, p: int, seq: list[int]) -> torch.Tensor:
+        """Module k (0-based) caught up to position p; its logits there (V,) predict token p+k+2."""
         cache = self.module_caches[k]
         first = cache.length                                                               # positions first..p are new
         h_prev = (self.verifier.head1_hidden if k == 0 else self.module_hidden[k - 1])[first:p + 1]   # (n, D)
@@ -100,13 +105,14 @@ class MTPDrafter(Drafter):
         self.module_hidden[k][first:p + 1] = h
         return self.model.module_logits(k, h[-1])                                          # (V,)
 
-    def rollback(self, n_valid: int) -> None:
-        """Module k keeps position i only while token i+k+1 is among the first n_valid (committed) tokens."""
+    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
+        """Module k keeps position i only while token i+k+1 is among the first n_cached (committed) tokens."""
         for k, cache in enumerate(self.module_caches):
-            cache.truncate(max(0, min(cache.length, n_valid - k - 1)))
+            cache.truncate(max(0, min(cache.length, n_cached - k - 1)))
 
 
 def self_speculative(model: MTPModel) -> tuple[MTPVerifier, MTPDrafter]:
     """The (target, drafter) pair for SpeculativeDecoder: both views of one MTP model."""
     verifier = MTPVerifier(model)
-    return verifier, MTPDrafter(verifier)
+    drafter = GloeckleDrafter if model.cfg.kind == "gloeckle" else DeepSeekDrafter
+    return verifier, drafter(verifier)

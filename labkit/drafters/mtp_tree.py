@@ -3,8 +3,8 @@
 The chain drafter (mtp.py) drafts each head's top-1 byte. When a head's first guess is wrong its
 second or third often is right (a byte two ahead is usually one of a few letters), and Medusa's
 answer applies unchanged: lay each head's top-k out as a tree, keep the `budget` paths most likely
-to be right (chosen from the heads' measured top-k accuracy, `labkit.heads.medusa.medusa_tree`), and
-verify every path in one forward (`labkit.tree_decoding`).
+to be right (chosen from the heads' measured top-k accuracy, `labkit.drafters.medusa.medusa_tree`), and
+verify every path in one forward (`labkit.decoding.tree`).
 
 What differs from Medusa is the verifier. A Gloeckle head is a transformer block with its own KV
 cache, so the verify forward runs the trunk and every head over the tree nodes (each head's cache
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ..heads.medusa import MedusaDrafter, medusa_tree
-from ..mtp.model import MTPModel, mtp_window_targets
-from .tree_base import TreeTarget
+from ..models.mtp import MTPModel, mtp_window_targets
+from ..models.target import TreeTarget
+from .medusa import MedusaDrafter, medusa_tree
 
 
 def _require_gloeckle(model: MTPModel) -> None:

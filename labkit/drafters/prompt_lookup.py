@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingConfig
+from ..core.sampling import SamplingConfig
 from .base import Drafter, Proposal
 
 
@@ -29,4 +29,4 @@ class PromptLookupDrafter(Drafter):
             if hits.numel():
                 start = int(hits[-1]) + n                                     # latest match: freshest context
                 return Proposal(tokens[start: start + k].clone())
-        return Proposal(tokens.new_empty(0))
+        return Proposal.empty(tokens)

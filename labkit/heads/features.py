@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..hub import cache_dir
-from ..model import Transformer
+from ..models.hub import cache_dir
+from ..models.transformer import Transformer
 
 
 def default_features_dir(model_name: str = "qwen2.5-coder-1.5b-instruct") -> Path:
@@ -114,7 +114,8 @@ class FeatureSet:
 def main(argv: list[str] | None = None) -> None:
     """python -m labkit.heads.features: the corpus of corpus.py through the target, into out_dir."""
     import argparse
-    from ..loading import load_model
+
+    from ..models.loading import load_model
     from .corpus import training_sequences
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")

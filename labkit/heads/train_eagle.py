@@ -13,7 +13,6 @@ slower than fp32 (a 4 x 256-token bf16 forward of the target ran at ~4 tokens/s,
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -22,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..loading import load_model
-from .eagle import EagleConfig, EagleHead, save_eagle
+from ..drafters.eagle import EagleConfig, EagleHead, save_eagle
+from ..models.loading import load_model
 from .features import FeatureSet, default_features_dir
 
 

@@ -19,7 +19,6 @@ loss is measured every `eval_every` steps and the best weights are kept (early s
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -31,9 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .checkpoint import save_medusa
+from ..drafters.medusa import MedusaHeads, expected_accepted, medusa_tree, save_medusa
 from .features import FeatureSet, default_features_dir
-from .medusa import MedusaHeads, expected_accepted, medusa_tree
 
 IGNORE = -100            # label of (position, head) pairs past the end of the sequence
 
@@ -243,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    from ..hub import resolve_model
+    from ..models.hub import resolve_model
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 

@@ -14,7 +14,8 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
-from tqdm import tqdm
+
+from ..models.calibrate import sync
 
 
 @dataclass(frozen=True)
@@ -104,11 +105,6 @@ def cpu_facts() -> dict[str, Measure | str]:
     return facts
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def add_timing_args(parser) -> None:
     """--threads and --cpu-time for a benchmark script's argparse parser."""
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
@@ -129,35 +125,6 @@ def clock_name(clock) -> str:
     return "CPU time of this thread" if clock is time.thread_time else "wall time"
 
 
-@torch.no_grad()
-def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
-                  clock=time.perf_counter, progress: bool = True) -> dict[int, float]:
-    """Best-of-`repeats` seconds of one forward of T tokens after `context` cached ones (rolled back each time).
-
-    The verify-cost curve: all T logits computed, as a verify pass does. The token counts take turns
-    (round robin), so a burst of load from another process on a shared machine slows one round of
-    every T rather than all runs of one T; the first round warms up and is dropped.
-    """
-    device = model.device
-    cache = model.new_cache(max_len=context + max(tokens))
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.vocab_size, (1, context), generator=g).to(device)
-    model(prompt, cache, num_logits=1)
-    feeds = {T: torch.randint(0, model.vocab_size, (1, T), generator=g).to(device) for T in tokens}
-    runs = {T: [] for T in tokens}
-    with tqdm(total=(repeats + 1) * len(tokens), desc="forwards", disable=not progress) as bar:
-        for _ in range(repeats + 1):
-            for T in tokens:
-                _sync(device)
-                t0 = clock()
-                model(feeds[T], cache)
-                _sync(device)
-                runs[T].append(clock() - t0)
-                cache.truncate(context)
-                bar.update()
-    return {T: min(r[1:]) for T, r in runs.items()}     # the least disturbed run: the machine may be shared
-
-
 def measure_copy_bandwidth(device: str | torch.device = "cpu", size_mib: int = 256, repeats: int = 5,
                            clock=time.perf_counter) -> Measure:
     """Bytes/s of a large tensor copy (read + write both counted), the best of `repeats`.
@@ -170,10 +137,10 @@ def measure_copy_bandwidth(device: str | torch.device = "cpu", size_mib: int = 2
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(repeats + 1):                        # the first copy warms up (page faults, clocks)
-        _sync(device)
+        sync(device)
         t0 = clock()
         dst.copy_(src)
-        _sync(device)
+        sync(device)
         best = min(best, clock() - t0)
     return Measure(2 * n / best, "B/s", f"measured: torch copy of {size_mib} MiB on {device.type}, "
                                         f"{torch.get_num_threads()} threads, read+write, best of {repeats}, "
@@ -188,10 +155,10 @@ def measure_matmul_flops(device: str | torch.device = "cpu", dtype: torch.dtype 
     b = torch.randn(n, n, device=device).to(dtype)
     best = float("inf")
     for _ in range(repeats + 1):
-        _sync(device)
+        sync(device)
         t0 = clock()
         a @ b
-        _sync(device)
+        sync(device)
         best = min(best, clock() - t0)
     return Measure(2 * n**3 / best, "FLOP/s", f"measured: {n}^3 {str(dtype).removeprefix('torch.')} matmul "
                                               f"on {device.type}, {torch.get_num_threads()} threads, best of "

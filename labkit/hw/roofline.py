@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..adaptive import expected_tokens
-from ..model import ModelArgs, Transformer
+from ..core.adaptive import expected_tokens
+from ..models.transformer import ModelArgs, Transformer
 from .device import DeviceProfile
 
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from .model import MTPModel, PassThroughCache, cross_entropy, mtp_window_targets
+from ..models.mtp import MTPModel, PassThroughCache, cross_entropy, mtp_window_targets
 
 
 class MTPLoss(NamedTuple):

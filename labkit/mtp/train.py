@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from ..models.mtp import MTPConfig, MTPModel
 from .data import fixed_windows, load_corpus, random_windows
 from .loss import evaluate, headwise_backward, naive_backward
-from .model import MTPConfig, MTPModel
 
 BITS_PER_NAT = 1 / math.log(2)
 WINDOW_EXTRA = 8             # every model sees windows of seq_len + 8 bytes, so all train on the same bytes

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html as _html
 from dataclasses import dataclass
 
-from .trace import Trace
+from ..core.trace import Trace
 
 KINDS = ("accepted", "rejected", "correction", "bonus", "target")
 ANSI = {"accepted": "\033[32m", "rejected": "\033[9;31m", "correction": "\033[34m", "bonus": "\033[1;34m",

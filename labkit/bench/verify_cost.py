@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..backends import QUANTIZED
-from ..calibrate import isa_label, machine
-from .device import measure_copy_bandwidth, measure_matmul_flops, time_forwards
-from .roofline import forward_cost
+from ..hw.device import measure_copy_bandwidth, measure_matmul_flops
+from ..hw.roofline import forward_cost
+from ..models.backends import QUANTIZED
+from ..models.calibrate import isa_label, machine, time_forwards
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 BYTES = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5}
@@ -52,7 +52,7 @@ def load_average() -> list[float]:
 def measure(model_name: str, paths: list[str], precisions: list[str], tokens: tuple[int, ...] = TOKENS,
             context: int = 256, repeats: int = 5, progress: bool = True) -> dict:
     """Time every (path, precision) on `model_name`; returns the rows and the machine's two lines."""
-    from ..loading import load_model
+    from ..models.loading import load_model
     m = machine()
     load_before = load_average()
     bandwidth = measure_copy_bandwidth("cpu", size_mib=512)
@@ -85,7 +85,7 @@ def measure(model_name: str, paths: list[str], precisions: list[str], tokens: tu
 
 def add_llama_cpp(result: dict, model_name: str) -> dict:
     """Append llama.cpp's row (its own kernels on the preset's GGUF file) to a measured `result`."""
-    from ..bench import llama_cpp
+    from . import llama_cpp
     row = llama_cpp.cost_row(llama_cpp.gguf_file(model_name), tuple(result["tokens"]), result["context"],
                              result["repeats"], result["machine"]["threads"])
     row["bandwidth_line_s"] = row["weight_bytes"] / result["bandwidth"]["value"]

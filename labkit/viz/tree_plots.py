@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from ..core.tree import Tree
 from .plots import COLOURS
-from .tree import Tree
 
 
 def tree_layout(tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,20 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
+from ..core.trace import CacheLengths, Step
+from ..decoding.speculative import SpeculativeDecoder
 from .render import CSS, pieces, to_html
-from .speculative import SpeculativeDecoder
-from .trace import Step
-
-
-@dataclass(frozen=True)
-class CacheLengths:
-    before: int    # valid slots when the step began
-    peak: int      # after the step's forwards wrote their tokens, just before the rollback
-    after: int     # after the rollback to the accepted prefix
-
-    @property
-    def dropped(self) -> int:
-        return self.peak - self.after
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,19 @@ as Medusa builds its sparse trees, and `MedusaDrafter` fills it with the heads' 
 from __future__ import annotations
 
 import heapq
+import json
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..drafters.tree_base import TreeDrafter, TreeProposal
-from ..sampling import SamplingConfig
-from ..tree import Tree
-from ..tree_acceptance import TreeAcceptance
-from ..typical import DELTA, EPSILON, typical_accept
+from ..core.sampling import SamplingConfig
+from ..core.tree import Tree
+from ..core.tree_acceptance import TreeAcceptance
+from ..core.typical import DELTA, EPSILON, typical_accept
+from ..models.backends import swap_modules, weight_dtype
+from .base import Drafter, Proposal
 
 
 class ResBlock(nn.Module):
@@ -52,7 +55,6 @@ class MedusaHeads(nn.Module):
         super().__init__()
         if n_heads < 1:
             raise ValueError(f"n_heads must be >= 1, got {n_heads}")
-        from ..backends import weight_dtype
         self.dim, self.dtype = lm_head.in_features, weight_dtype(lm_head)
         self.blocks = nn.ModuleList(ResBlock(self.dim) for _ in range(n_heads))
         # the target's own module, on whatever forward path it runs: held outside the module tree
@@ -129,10 +131,10 @@ def _prefix_ordered(choices: list[tuple[int, ...]]) -> bool:
 
 
 # --- the drafter ------------------------------------------------------------------------------------
-class MedusaDrafter(TreeDrafter):
+class MedusaDrafter(Drafter):
     """The heads' top-k tokens in a static tree, from the feature of the last cached position.
 
-    The loop's invariant (tree_base.py): the cache holds the committed tokens x_0..x_{n-2}, and the
+    The tree loop's invariant (base.py): the cache holds the committed tokens x_0..x_{n-2}, and the
     last feature we were given is h_{n-2}, whose LM-head output predicted x_{n-1}, the tree's root.
     Head k at position n-2 predicts token n+k: the node at depth d takes head d-1's guesses.
     One sequence at a time (batch size 1).
@@ -148,14 +150,15 @@ class MedusaDrafter(TreeDrafter):
                              f"{heads.n_heads} heads: drop the deeper paths or load more heads")
         self.heads, self.choices = heads, choices
         self.name = f"medusa{heads.n_heads}"
+        self.reads_features = True
         self.last_feature: torch.Tensor | None = None        # (D,) feature of the last cached position
         self._trees: dict[int, tuple[Tree, torch.Tensor, torch.Tensor]] = {}
 
-    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor) -> None:
-        self.last_feature = features[-1] if features.shape[0] else None
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        self.last_feature = features[-1] if features is not None and features.shape[0] else None
 
-    def extend(self, features: torch.Tensor) -> None:
-        if features.shape[0]:
+    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
+        if features is not None and features.shape[0]:
             self.last_feature = features[-1]
 
     def tree(self, budget: int) -> tuple[Tree, torch.Tensor, torch.Tensor]:
@@ -168,19 +171,19 @@ class MedusaDrafter(TreeDrafter):
 
     @torch.no_grad()
     def propose(self, tokens: torch.Tensor, budget: int, sampling: SamplingConfig,
-                generator: torch.Generator | None = None) -> TreeProposal:
+                generator: torch.Generator | None = None) -> Proposal:
         """The static tree filled with the heads' top-k tokens; deterministic nodes (q_draft None)."""
         if self.last_feature is None or budget < 1:     # a one-token prompt: no cached position yet
-            return TreeProposal(tokens.new_empty(0), Tree(torch.empty(0, dtype=torch.long)))
+            return Proposal.empty(tokens)
         tree, rank, head = self.tree(budget)
         feature = self.last_feature.to(self.heads.dtype)
         logits = self.heads(feature).float()                                 # (K, V)
         top_p, top_ids = logits.softmax(-1).topk(int(rank.max()) + 1, dim=-1)  # (K, k) each
-        return TreeProposal(top_ids[head, rank].to(tokens.device), tree, q_draft=None, score=top_p[head, rank])
+        return Proposal(top_ids[head, rank].to(tokens.device), q_draft=None, q_token=top_p[head, rank], tree=tree)
 
 
 def typical_accept_rule(epsilon: float = EPSILON, delta: float = DELTA, temperature: float = 1.0):
-    """Medusa's typical acceptance (labkit/typical.py) as the tree decoder's accept_rule.
+    """Medusa's typical acceptance (labkit/core/typical.py) as the tree decoder's accept_rule.
 
     The rule gets the verify logits (1+N, V) and judges the nodes against softmax(logits / temperature).
     """
@@ -192,3 +195,46 @@ def typical_accept_rule(epsilon: float = EPSILON, delta: float = DELTA, temperat
         p_target = (target_logits.float() / temperature).softmax(-1)                # (1+N, V)
         return typical_accept(p_target, tree, node_tokens, epsilon, delta)
     return rule
+
+
+# --- checkpoints -------------------------------------------------------------------------------------
+# <dir>/model.safetensors: blocks.{k}.linear.weight (D, D), .bias (D,), bf16 (~19 MB for 4 heads of D=1536);
+# <dir>/config.json: n_heads, dim, base_model, topk_accuracy, choices, training record; <dir>/PROVENANCE.md
+REPO_HEADS = Path(__file__).resolve().parents[2] / "data" / "heads"     # the shipped heads
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+def save_medusa(heads: MedusaHeads, out_dir: str | Path, meta: dict, provenance: str | None = None,
+                dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write the blocks' weights (in `dtype`), config.json (meta + n_heads, dim) and PROVENANCE.md."""
+    from safetensors.torch import save_file
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in heads.state_dict().items()}
+    save_file(state, str(out_dir / WEIGHTS), metadata={"format": "pt"})
+    config = {"n_heads": heads.n_heads, "dim": heads.dim, **meta}
+    (out_dir / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
+    if provenance is not None:
+        (out_dir / "PROVENANCE.md").write_text(provenance)
+    return out_dir
+
+
+def load_medusa(path: str | Path, target) -> tuple[MedusaHeads, dict]:
+    """(heads on `target`'s LM head, config) from a directory written by save_medusa."""
+    from safetensors.torch import load_file
+    path = Path(path)
+    if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
+        raise FileNotFoundError(f"{path} has no {CONFIG} + {WEIGHTS}: point at a directory written by save_medusa "
+                                "(the shipped heads: data/heads/medusa-qwen2.5-coder-1.5b)")
+    config = json.loads((path / CONFIG).read_text())
+    D = target.args.dim
+    if config["dim"] != D:
+        raise ValueError(f"heads in {path} were trained for hidden size {config['dim']}, but this target has {D}: "
+                         f"they belong to {config.get('base_model', 'another model')}")
+    heads = MedusaHeads(target.lm_head, config["n_heads"])
+    state = load_file(str(path / WEIGHTS))
+    heads.load_state_dict({k: v.to(heads.dtype) for k, v in state.items()})
+    heads = heads.to(target.device).eval().requires_grad_(False)
+    swap_modules(heads.blocks, target.path)          # the residual blocks on the target's forward path
+    return heads, config

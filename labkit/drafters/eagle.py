@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ..backends import readout, swap_modules
-from ..drafters.tree_base import TreeDrafter, TreeProposal
-from ..kv_cache import KVCache
-from ..model import Block, ModelArgs, RMSNorm, Transformer, chain_mask, rope_cos_sin
-from ..sampling import SamplingConfig
-from ..tree import Tree
+from ..core.tree import Tree
+from ..models.backends import readout, swap_modules
+from ..models.kv_cache import KVCache
+from ..models.layers import RMSNorm, rope_cos_sin
+from ..models.transformer import Block, ModelArgs, Transformer, chain_mask
+from .base import Drafter, Proposal
 
 
 @dataclass
@@ -88,10 +88,11 @@ class EagleHead(nn.Module):
         return self.norm(x)
 
 
-class EagleDrafter(TreeDrafter):
+class EagleDrafter(Drafter):
     """EAGLE-2 dynamic-tree drafting (or a chain with top_k=1) on the target's features."""
 
     name = "eagle"
+    reads_features = True
 
     def __init__(self, head: EagleHead, target: Transformer, draft_vocab: torch.Tensor | None = None,
                  top_k: int = 8, depth: int = 6):
@@ -109,20 +110,20 @@ class EagleDrafter(TreeDrafter):
         """Draft log-probabilities (..., Vd) over the draft vocabulary from features (..., D)."""
         return self.readout(f).float().log_softmax(-1)
 
-    def start(self, prompt_ids, features):
+    def start(self, prompt_ids, features=None):
         self.tokens = prompt_ids.tolist()
         self.features = features.clone()                                                # (L, D) target features
         self.cache = self.head.new_cache(self.target.max_seq_len)
         self.n_pairs = 0                                                                # committed pairs in the head's cache
 
-    def extend(self, features):
+    def commit(self, n_cached, features=None):
         self.features = torch.cat([self.features, features])                           # (L, D)
 
     @torch.no_grad()
-    def propose(self, tokens, budget, sampling, generator=None) -> TreeProposal:
+    def propose(self, tokens, budget, sampling, generator=None) -> Proposal:
         L, dev = self.features.shape[0], self.target.device
         if L == 0:                                                                     # a one-token prompt: no feature yet
-            return TreeProposal(tokens[:0], Tree.chain(0))
+            return Proposal.empty(tokens)
         # 1. Catch up on the committed pairs (f_t, x_{t+1}), t = n_pairs .. L-1, dropping last step's tree
         self.cache.truncate(self.n_pairs)
         new = torch.arange(self.n_pairs, L)
@@ -134,27 +135,26 @@ class EagleDrafter(TreeDrafter):
         logp = self._log_probs(f_hat)                                                  # (Vd,)
         score, idx = logp.topk(k)                                                      # (k,)
         all_tokens, all_parents, all_scores = [self.draft_vocab[idx].cpu()], [torch.full((k,), -1)], [score.cpu()]
+        all_depths = [torch.ones(k, dtype=torch.long)]
         layer = torch.arange(k)                                                        # node ids of the current layer
         layer_f = f_hat.expand(k, -1)                                                  # (k, D) feature that chose them
-        tree_slots: list[int] = []                                                     # node id at each tree slot of the cache
+        slot_of = torch.full((k,), -1)                                                 # (n_nodes,) tree slot of each fed node
+        slot_parents = torch.empty(0, dtype=torch.long)                                # (n_fed,) parent slot of each tree slot
         n_nodes = k
         for d in range(1, self.depth):
-            # feed the layer's pairs (feature that chose the node, node token) at position L-1+d
-            parents = torch.cat(all_parents)
-            slot_of = {n: i for i, n in enumerate(tree_slots)}
-            mask = torch.zeros(layer.numel(), self.n_pairs + len(tree_slots) + layer.numel(), dtype=torch.bool)
-            mask[:, : self.n_pairs] = True
-            for r, node in enumerate(layer.tolist()):
-                a = int(parents[node])
-                while a >= 0:                                                          # the node's ancestors' slots
-                    mask[r, self.n_pairs + slot_of[a]] = True
-                    a = int(parents[a])
-                mask[r, self.n_pairs + len(tree_slots) + r] = True
+            # feed the layer's pairs (feature that chose the node, node token) at position L-1+d, each
+            # seeing the committed pairs, its ancestors' slots and itself: the fed nodes' tree mask
+            parents = torch.cat(all_parents)                                           # (n_nodes,)
+            slot_of[layer] = slot_parents.numel() + torch.arange(layer.numel())
+            layer_parents = parents[layer]                                             # (k,)
+            slot_parents = torch.cat([slot_parents, torch.where(layer_parents >= 0, slot_of[layer_parents.clamp(min=0)], -1)])
+            fed = Tree(slot_parents)
+            mask = torch.cat([torch.ones(layer.numel(), self.n_pairs, dtype=torch.bool),
+                              fed.mask[-layer.numel():]], dim=1)                      # (k, n_pairs + n_fed)
             node_tokens = torch.cat(all_tokens)[layer]                                 # (k,)
             positions = torch.full((1, layer.numel()), L - 1 + d, device=dev)
             out = self.head(layer_f[None], self.target.embed_tokens(node_tokens.to(dev))[None], self.cache,
                             positions, mask.to(dev))[0]                               # (k, D)
-            tree_slots += layer.tolist()
             # every node of the layer proposes its top-k children; cumulative scores rank them globally
             logp = self._log_probs(out)                                                # (k, Vd)
             child_score, child_idx = logp.topk(k, dim=-1)                              # (k, k)
@@ -162,27 +162,28 @@ class EagleDrafter(TreeDrafter):
             all_tokens.append(self.draft_vocab[child_idx].flatten().cpu())
             all_parents.append(layer.repeat_interleave(k))
             all_scores.append(cum)
+            all_depths.append(torch.full((k * k,), d + 1))
+            slot_of = torch.cat([slot_of, torch.full((k * k,), -1)])
             best = cum.topk(k).indices                                                 # (k,) of the k*k children
             layer = n_nodes + best
             layer_f = out.repeat_interleave(k, dim=0)[best.to(dev)]                    # (k, D)
             n_nodes += k * k
         # 3. Rerank: the `budget` best nodes by cumulative log-probability, parents before children
         tokens_, parents_, scores_ = torch.cat(all_tokens), torch.cat(all_parents), torch.cat(all_scores)
-        keep = _best_subtree(parents_, scores_, budget)
+        keep = _best_subtree(parents_, torch.cat(all_depths), scores_, budget)
         new_index = torch.full((n_nodes,), -1)
         new_index[keep] = torch.arange(keep.numel())
         kept_parents = torch.where(parents_[keep] >= 0, new_index[parents_[keep].clamp(min=0)], -1)
-        return TreeProposal(tokens_[keep], Tree(kept_parents), None, scores_[keep].exp())
+        return Proposal(tokens_[keep], None, scores_[keep].exp(), Tree(kept_parents))
 
 
-def _best_subtree(parents: torch.Tensor, scores: torch.Tensor, budget: int) -> torch.Tensor:
-    """Indices (sorted) of the `budget` highest-scoring nodes whose parents are all kept."""
-    depth = torch.zeros_like(parents)
-    for i in range(parents.numel()):                                                   # parents[i] < i
-        depth[i] = 0 if parents[i] < 0 else depth[parents[i]] + 1
-    order = sorted(range(parents.numel()), key=lambda i: (-float(scores[i]), int(depth[i]), i))
+def _best_subtree(parents: torch.Tensor, depth: torch.Tensor, scores: torch.Tensor, budget: int) -> torch.Tensor:
+    """Indices (sorted) of the `budget` highest-scoring nodes whose parents are all kept (ties: shallower first)."""
+    order = torch.arange(parents.numel())
+    order = order[depth[order].argsort(stable=True)]                                   # ties in score: by depth, index
+    order = order[(-scores[order]).argsort(stable=True)]                               # (n_nodes,) best first
     kept: set[int] = set()
-    for i in order:
+    for i in order.tolist():
         if len(kept) == budget:
             break
         if parents[i] < 0 or int(parents[i]) in kept:

@@ -23,9 +23,15 @@ import torch
 
 import kernels
 
-from .drafters.draft_model import check_draft_model
-from .sampling import GREEDY, SamplingConfig, next_token, probs_from_logits, sample
-from .speculative import _seeded, check_request
+from ..core.sampling import (
+    GREEDY,
+    SamplingConfig,
+    next_token,
+    probs_from_logits,
+    sample,
+)
+from ..drafters.draft_model import check_draft_model
+from .base import check_request, cut, finished, seeded
 
 
 class RaggedCache:
@@ -94,17 +100,6 @@ def _check_batch(model, prompts: list[torch.Tensor], max_new_tokens: int) -> lis
     return [check_request(model, p, max_new_tokens).tolist() for p in prompts]
 
 
-def _finished(new: list[int], max_new_tokens: int, eos: set[int]) -> bool:
-    return len(new) >= max_new_tokens or any(t in eos for t in new)
-
-
-def _cut(new: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
-    for i, t in enumerate(new[:max_new_tokens]):
-        if t in eos:
-            return new[: i + 1]
-    return new[:max_new_tokens]
-
-
 @torch.no_grad()
 def batched_autoregressive_generate(model, prompts: list[torch.Tensor], max_new_tokens: int,
                                     sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
@@ -113,7 +108,7 @@ def batched_autoregressive_generate(model, prompts: list[torch.Tensor], max_new_
 
     clock: what the timings use; time.thread_time (with one torch thread) is stable on a shared CPU.
     """
-    rows, generator, eos = _check_batch(model, prompts, max_new_tokens), _seeded(seed), set(eos_token_ids)
+    rows, generator, eos = _check_batch(model, prompts, max_new_tokens), seeded(seed), set(eos_token_ids)
     t0 = clock()
     cache = RaggedCache(model, len(rows), max(map(len, rows)) + max_new_tokens)
     logits = cache.feed(*left_pad(rows))[:, -1]                                        # (B, V)
@@ -121,15 +116,15 @@ def batched_autoregressive_generate(model, prompts: list[torch.Tensor], max_new_
     while True:
         token = next_token(logits, sampling, generator)                               # (B,)
         for b, new in enumerate(out.tokens):
-            if not _finished(new, max_new_tokens, eos):
+            if not finished(new, eos, max_new_tokens):
                 new.append(int(token[b]))
-        if all(_finished(new, max_new_tokens, eos) for new in out.tokens):
+        if all(finished(new, eos, max_new_tokens) for new in out.tokens):
             break
         t1 = clock()
         logits = cache.feed(token[:, None], torch.ones(len(rows), dtype=torch.long))[:, -1]  # (B, V)
         out.verify_time += clock() - t1
         out.n_forwards += 1
-    out.tokens = [_cut(new, max_new_tokens, eos) for new in out.tokens]
+    out.tokens = [cut(new, eos, max_new_tokens) for new in out.tokens]
     out.total_time = clock() - t0
     return out
 
@@ -141,7 +136,7 @@ def batched_speculative_generate(target, draft, prompts: list[torch.Tensor], max
     """Speculative decoding of B prompts with a draft model: every row drafts γ, one target forward verifies all."""
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
-    rows, generator, eos = _check_batch(target, prompts, max_new_tokens), _seeded(seed), set(eos_token_ids)
+    rows, generator, eos = _check_batch(target, prompts, max_new_tokens), seeded(seed), set(eos_token_ids)
     check_draft_model(target, draft)
     B, t0 = len(rows), clock()
     max_len = max(map(len, rows)) + (gamma + 2) * (max_new_tokens + 1)                 # worst case: 1 token a step
@@ -150,7 +145,7 @@ def batched_speculative_generate(target, draft, prompts: list[torch.Tensor], max
         feed, n_real = left_pad([r[:-1] for r in rows])
         tgt.feed(feed, n_real), drf.feed(feed, n_real)
     out = BatchedGeneration([[] for _ in rows], gamma=gamma, prefill_time=clock() - t0)
-    while not all(_finished(new, max_new_tokens, eos) for new in out.tokens):
+    while not all(finished(new, eos, max_new_tokens) for new in out.tokens):
         seqs = [r + new for r, new in zip(rows, out.tokens)]
         # 1. Propose: the draft catches up on the committed tokens it has not seen, then drafts γ
         t1 = clock()
@@ -178,10 +173,10 @@ def batched_speculative_generate(target, draft, prompts: list[torch.Tensor], max
         # 4. Commit: extend each live row; roll both caches back to each row's committed tokens but the last
         step = []
         for b, new in enumerate(out.tokens):
-            live = not _finished(new, max_new_tokens, eos)
+            live = not finished(new, eos, max_new_tokens)
             if live:
                 new += draft_tokens[b, :n_accepted[b]].tolist() + [int(next_tokens[b])]
-                new[:] = _cut(new, max_new_tokens, eos)
+                new[:] = cut(new, eos, max_new_tokens)
             step.append(int(n_accepted[b]) if live else None)
         held = torch.tensor([len(r) + len(new) - 1 for r, new in zip(rows, out.tokens)])   # (B,)
         tgt.truncate_rows(torch.minimum(held, tgt.length))
@@ -190,6 +185,6 @@ def batched_speculative_generate(target, draft, prompts: list[torch.Tensor], max
         out.draft_time += t2 - t1
         out.verify_time += t3 - t2
         out.n_forwards += 1
-    out.tokens = [_cut(new, max_new_tokens, eos) for new in out.tokens]
+    out.tokens = [cut(new, eos, max_new_tokens) for new in out.tokens]
     out.total_time = clock() - t0
     return out

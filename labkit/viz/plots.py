@@ -6,17 +6,13 @@ decomposition they draw are plain functions, tested on their own.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from matplotlib.ticker import MaxNLocator
 
-from .adaptive import expected_speedup
-from .trace import Trace
-
-if TYPE_CHECKING:
-    from .widgets import CacheLengths
+from ..core.adaptive import expected_speedup
+from ..core.trace import CacheLengths, Trace
 
 COLOURS = {"accepted": "#6cc36a", "rejected": "#e57373", "target": "#5b8fd6", "draft": "#f0a030",
            "residual": "#9b6cc3", "kept": "#bbbbbb"}

@@ -96,3 +96,15 @@ class Trace:
 
     def to_dict(self) -> dict:
         return {**self.summary(), "prompt_len": self.prompt_len, "steps": [asdict(s) for s in self.steps]}
+
+
+@dataclass(frozen=True)
+class CacheLengths:
+    """One cache's length around a step: what the rollback plot and the stepper show."""
+    before: int    # valid slots when the step began
+    peak: int      # after the step's forwards wrote their tokens, just before the rollback
+    after: int     # after the rollback to the accepted prefix
+
+    @property
+    def dropped(self) -> int:
+        return self.peak - self.after

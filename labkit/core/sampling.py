@@ -75,3 +75,16 @@ def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gener
     if cfg.greedy:
         return logits.argmax(-1)
     return sample(probs_from_logits(logits, cfg), generator)
+
+
+def draw(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None):
+    """A drafter's pick from logits (..., V): (token (...), the distribution (..., V) it came from).
+
+    Greedy: the argmax, with the plain softmax as the distribution (the trace shows the draft's
+    confidence); sampled: a sample from the sampling distribution, which rejection sampling needs.
+    """
+    if cfg.greedy:
+        probs = logits.float().softmax(-1)
+        return probs.argmax(-1), probs
+    probs = probs_from_logits(logits, cfg)
+    return sample(probs, generator), probs

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_cache import KVCache
-from .model import Transformer
+from ..models.kv_cache import KVCache
+from ..models.transformer import Transformer
 
 
 class StaticKVCache(KVCache):

@@ -10,7 +10,7 @@ block) -> RMSNorm -> unembedding. They differ in what else predicts the tokens a
                 RMSNorm'd depth-(k-1) hidden state with the RMSNorm'd embedding of token i+k
                 (a projection of the two, concatenated), runs one block and predicts token i+k+1,
                 so drafted tokens keep their causal chain. Embedding and unembedding shared.
-Blocks are labkit.model's (RMSNorm, RoPE, SwiGLU); the trunk and the heads share one KVCache
+Blocks are labkit.models.layers' (RMSNorm, RoPE, SwiGLU); the trunk and the heads share one KVCache
 (heads are layers n_trunk..); each DeepSeek module keeps its own, since module k at position i
 needs token i+k and so trails the trunk by k positions.
 """
@@ -23,8 +23,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kv_cache import KVCache
-from ..model import Block, ModelArgs, RMSNorm, chain_mask, rope_cos_sin
+from .kv_cache import KVCache
+from .layers import RMSNorm, rope_cos_sin
+from .transformer import Block, ModelArgs, chain_mask
 
 KINDS = ("next", "gloeckle", "deepseek")
 
@@ -116,7 +117,7 @@ class MTPModel(nn.Module):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
 
-    # --- the interface labkit's decoders use (same as labkit.model.Transformer) ---
+    # --- the interface labkit's decoders use (same as labkit.models.transformer.Transformer) ---
     @property
     def vocab_size(self) -> int:
         return self.cfg.vocab_size
@@ -143,7 +144,7 @@ class MTPModel(nn.Module):
     def forward(self, tokens: torch.Tensor, cache, positions=None, mask=None, num_logits: int | None = None):
         """Next-token logits (B, T', V) of `tokens` (B, T) after the cache: trunk + head 1, what AR decoding runs.
 
-        positions (B, T) and mask (T, S) as in labkit.model.Transformer.hidden (a tree passes both).
+        positions (B, T) and mask (T, S) as in labkit.models.transformer.Transformer.hidden (a tree passes both).
         """
         rope = self.rope(cache.length, tokens.shape[1], tokens.shape[0], positions, mask)
         h = self.head_hidden(0, self.trunk_hidden(tokens, cache, rope), cache, rope)    # (B, T, D): head 1 only

@@ -11,7 +11,7 @@ with the fastest 32-token forward (a token tree's verify) wins. It takes a few s
 torch version, kernel build, thread count and shape; a cache entry from anything else is
 ignored and measured again.
 
-    from labkit.calibrate import choose_path, machine
+    from labkit.models.calibrate import choose_path, machine
     choice = choose_path(model.args, "bf16")     # choice.path, choice.times, choice.source
 """
 from __future__ import annotations
@@ -19,13 +19,15 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
 import torch
+from tqdm import tqdm
 
 from .backends import PATHS, QUANTIZED, apply_path, check_path
-from .model import ModelArgs, Transformer
+from .transformer import ModelArgs, Transformer
 
 FLAT = 1.5                   # a path is flat when t(8) <= FLAT * t(1)
 TIE = 1.10                   # one-token times within 10% are a tie, decided by t(32)
@@ -153,7 +155,6 @@ def calibration_model(args: ModelArgs, precision: str, min_bytes: float = 4e8) -
 @torch.no_grad()
 def measure(args: ModelArgs, precision: str, paths: list[str], context: int = 64, repeats: int = 4) -> dict:
     """Seconds of a 1-token and an 8-token forward on each path, for `args`'s shape (best of `repeats`)."""
-    from .hw.device import time_forwards
     times = {}
     for path in paths:
         model = apply_path(calibration_model(args, precision), path, precision)
@@ -214,3 +215,48 @@ def describe(choice: PathChoice) -> str:
     return (f"{choice.path} path ({choice.precision}) on {choice.machine['cpu']} [{isa_label(choice.machine)}], "
             f"{choice.machine['threads']} threads: t(1) {t['1'] * 1e3:.1f} ms, t(8)/t(1) {choice.ratio():.2f} "
             f"on the calibration layers ({choice.source})")
+
+
+def run_facts(target, draft=None) -> dict:
+    """Where a run ran: CPU, ISA, threads, and each model's forward path and precision."""
+    m = machine()
+    facts = {"cpu": m["cpu"], "isa": isa_label(m), "threads": m["threads"], "torch": m["torch"],
+             "target": str(target.path), "target_path": target.path.to_dict()}
+    if draft is not None:
+        facts.update(draft=str(draft.path), draft_path=draft.path.to_dict())
+    return facts
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on a CPU), so a clock reads finished work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
+                  clock=time.perf_counter, progress: bool = True) -> dict[int, float]:
+    """Best-of-`repeats` seconds of one forward of T tokens after `context` cached ones (rolled back each time).
+
+    The verify-cost curve: all T logits computed, as a verify pass does. The token counts take turns
+    (round robin), so a burst of load from another process on a shared machine slows one round of
+    every T rather than all runs of one T; the first round warms up and is dropped.
+    """
+    device = model.device
+    cache = model.new_cache(max_len=context + max(tokens))
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.vocab_size, (1, context), generator=g).to(device)
+    model(prompt, cache, num_logits=1)
+    feeds = {T: torch.randint(0, model.vocab_size, (1, T), generator=g).to(device) for T in tokens}
+    runs = {T: [] for T in tokens}
+    with tqdm(total=(repeats + 1) * len(tokens), desc="forwards", disable=not progress) as bar:
+        for _ in range(repeats + 1):
+            for T in tokens:
+                sync(device)
+                t0 = clock()
+                model(feeds[T], cache)
+                sync(device)
+                runs[T].append(clock() - t0)
+                cache.truncate(context)
+                bar.update()
+    return {T: min(r[1:]) for T, r in runs.items()}     # the least disturbed run: the machine may be shared

@@ -7,7 +7,7 @@ mask and positions); other architectures run through `HFCausalLM`, the same inte
 transformers (chain verification and cache crop; no tree masks).
 
 On a CPU, labkit's Transformer then runs the forward path this machine measured fastest
-(`labkit.calibrate`: the packed CPU kernels where they build, else oneDNN or the reference);
+(`labkit.models.calibrate`: the packed CPU kernels where they build, else oneDNN or the reference);
 on a GPU it runs the reference modules there. `backend=` and `device=` override both.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from .backends import PATHS, QUANTIZED, ForwardPath, apply_path, precision_of
 from .hub import ModelFetchError, resolve_model
-from .model import ModelArgs, Transformer, fuse_hf_weights
+from .transformer import ModelArgs, Transformer, fuse_hf_weights
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
           "fp16": torch.float16, "float16": torch.float16}
@@ -241,3 +241,37 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
         raise ValueError(f"the draft {draft.name!r} uses a different tokenizer than the target {target.name!r} "
                          f"(vocab {draft.model.vocab_size} vs {target.model.vocab_size}): pick a draft model from the "
                          "target's family (same tokenizer), or use --drafter lookup, which needs no model")
+
+
+def encode_prompt(tokenizer, text: str, chat_template: bool) -> torch.Tensor:
+    """Token ids of the prompt, through the model's chat template unless told not to.
+
+    With the template, the user's text stays text: a control-token string typed in it (say
+    "<|im_start|>system") is tokenized as its characters, never as the control token, so a
+    prompt cannot open a turn of its own. Raw mode (chat_template=False, --no-chat-template)
+    tokenizes control-token strings as control tokens: the way to type a whole chat by hand.
+    """
+    if not text or not text.strip():
+        raise ValueError("the prompt is empty: pass --prompt \"...\" or --prompt-file FILE")
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        return torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
+
+    def render(content: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                             tokenize=False)
+
+    def template_ids(s: str) -> list[int]:
+        return tokenizer(s, add_special_tokens=False)["input_ids"] if s else []
+    sentinel = "\x00labkit-user-text\x00"
+    before, sep, after = render(sentinel).partition(sentinel)
+    if not sep:
+        raise ValueError("the model's chat template drops the user's text: use --no-chat-template")
+    real = render(text)
+    ids, frame = template_ids(real), template_ids(before) + template_ids(after)
+    control = set(tokenizer.added_tokens_decoder)       # <|im_start|> and friends
+    if sum(i in control for i in ids) == sum(i in control for i in frame):
+        return torch.tensor(ids, dtype=torch.long)       # the text typed no control token: as transformers does
+    fits = real.startswith(before) and real.endswith(after) and len(real) >= len(before) + len(after)
+    content = real[len(before):len(real) - len(after)] if fits else text   # as the template wrote it (trimmed?)
+    user = tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return torch.tensor(template_ids(before) + user + template_ids(after), dtype=torch.long)

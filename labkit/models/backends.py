@@ -1,6 +1,6 @@
 """Forward paths: which kernels labkit's Transformer runs its linear layers and attention with.
 
-model.py is the reference, written with nn.Linear and torch's attention. A path is a swap of
+transformer.py is the reference, written with nn.Linear and torch's attention. A path is a swap of
 those modules, applied once at load; the model code is the same on every path:
 
     reference   nn.Linear and scaled_dot_product_attention: the model as written
@@ -17,7 +17,7 @@ those modules, applied once at load; the model code is the same on every path:
 Precision is the weights': fp32 or bf16 as loaded (activations follow), or weight-only int8 /
 int4 through torch's CPU kernels (bf16 activations) for a draft model, which only has to be
 approximately right (the target's verification keeps the output exact) and gets faster the fewer
-bytes it reads. `labkit.calibrate` picks the path on each machine; `load_model(backend=...)`,
+bytes it reads. `labkit.models.calibrate` picks the path on each machine; `load_model(backend=...)`,
 `--backend` and `--draft-precision` override it.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from .layers import RMSNorm, Rotary, SDPAttention, SwiGLU
 
 PATHS = ("reference", "onednn", "packed", "packed-amx")
 PRECISIONS = ("fp32", "bf16", "int8", "int4")
@@ -55,13 +56,6 @@ class ForwardPath:
 
 def precision_of(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
-
-
-class SDPAttention(nn.Module):
-    """The reference attention: torch's scaled_dot_product_attention, K/V heads shared by query groups."""
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)       # (B, H, T, hd)
 
 
 class KernelAttention(nn.Module):
@@ -321,7 +315,6 @@ def apply_path(model: nn.Module, path: str, precision: str) -> nn.Module:
 def swap_modules(module: nn.Module, path: ForwardPath) -> ForwardPath:
     """Swap every nn.Linear under `module` for `path`'s; on the packed path also the attention,
     RMSNorm, RoPE and SwiGLU modules for their fused kernels."""
-    from .model import RMSNorm, Rotary, SwiGLU
     fused = {SDPAttention: KernelAttention, RMSNorm: KernelRMSNorm, Rotary: KernelRotary, SwiGLU: KernelSwiGLU}
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):

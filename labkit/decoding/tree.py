@@ -8,8 +8,8 @@ one token of the target's; rollback keeps exactly the accepted path's KV entries
 place right after the root (`KVCache.commit_path`), and drops every other branch.
 
 Tree drafters (Medusa, EAGLE) read the target's features, so the loop hands them the final
-hidden state of every position it adds to the cache (see drafters/tree_base.py). A `TreeTarget`
-names other features: a multi-token model's are all its heads' hidden states (drafters/mtp_tree.py).
+hidden state of every position it adds to the cache (see drafters/base.py). A `TreeTarget`
+(models/target.py) names other features: a multi-token model's are all its heads' hidden states (drafters/mtp_tree.py).
 """
 from __future__ import annotations
 
@@ -18,46 +18,27 @@ from typing import Callable
 
 import torch
 
-from .drafters.tree_base import TreeDrafter, TreeProposal, TreeTarget
-from .model import Transformer
-from .sampling import GREEDY, SamplingConfig, probs_from_logits
-from .speculative import Generation, StepDecoder, _seeded, _until_eos, check_request
-from .trace import Step, Trace
-from .tree import Tree
-from .tree_acceptance import TreeAcceptance, greedy_tree_accept, tree_speculative_accept
+from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits
+from ..core.trace import Step
+from ..core.tree import Tree
+from ..core.tree_acceptance import (
+    TreeAcceptance,
+    greedy_tree_accept,
+    tree_speculative_accept,
+)
+from ..drafters.base import Drafter, Proposal
+from ..models.target import TreeTarget, as_tree_target
+from ..models.transformer import Transformer
+from .base import Decoder, Generation
 
 # An acceptance rule other than the exact ones (Medusa's typical acceptance): (tree, node tokens, logits) -> acceptance
 AcceptRule = Callable[[Tree, torch.Tensor, torch.Tensor], TreeAcceptance]
 
 
-class NativeTreeTarget(TreeTarget):
-    """labkit's Transformer as a tree target: its features are its final normed hidden states."""
-
-    def __init__(self, model: Transformer):
-        self.model, self.feature_dim = model, model.args.dim
-        self.feature_dtype = model.embed_tokens.weight.dtype
-
-    def features(self, tokens, cache, positions=None, mask=None):
-        return self.model.hidden(tokens, cache, positions, mask)[0]                     # (T, D)
-
-    def logits(self, features):
-        return self.model.lm_head(features).float()                                     # (T, V)
-
-
-def as_tree_target(target: Transformer | TreeTarget) -> TreeTarget:
-    if isinstance(target, TreeTarget):
-        return target
-    if not isinstance(target, Transformer):
-        raise TypeError("tree decoding needs labkit's native model (explicit tree mask and positions, hidden "
-                        "states for the drafter): load the target with backend='native', or wrap another model "
-                        "in a TreeTarget (labkit.drafters.tree_base) as labkit.drafters.mtp_tree does")
-    return NativeTreeTarget(target)
-
-
-class TreeDecoder(StepDecoder):
+class TreeDecoder(Decoder):
     """One sequence decoded with a tree drafter; each `step()` is one target forward over a tree."""
 
-    def __init__(self, target: Transformer | TreeTarget, drafter: TreeDrafter, prompt_ids: torch.Tensor,
+    def __init__(self, target: Transformer | TreeTarget, drafter: Drafter, prompt_ids: torch.Tensor,
                  max_new_tokens: int, budget: int = 32, sampling: SamplingConfig = GREEDY,
                  eos_token_ids: tuple[int, ...] = (), seed: int | None = None, accept_rule: AcceptRule | None = None):
         if not isinstance(budget, int) or budget < 1:
@@ -65,13 +46,10 @@ class TreeDecoder(StepDecoder):
         if accept_rule is not None and not sampling.greedy:
             raise ValueError("a custom accept_rule (typical acceptance) replaces sampling: use temperature 0 with it")
         target = as_tree_target(target)
-        self.prompt = check_request(target, prompt_ids, max_new_tokens)
+        self.begin(target, prompt_ids, max_new_tokens, f"tree/{drafter.name}", eos_token_ids, seed)
         drafter.check_target(target)
-        self.target, self.drafter, self.max_new_tokens, self.budget = target, drafter, max_new_tokens, budget
+        self.target, self.drafter, self.budget = target, drafter, budget
         self.sampling, self.accept_rule = sampling, accept_rule
-        self.generator, self.eos = _seeded(seed), set(eos_token_ids)
-        self.trace = Trace(method=f"tree/{drafter.name}", prompt_len=self.prompt.numel())
-        self.tokens = self.prompt.tolist()                      # committed: prompt + generated
         t0 = time.perf_counter()
         with torch.no_grad():
             self.cache = target.new_cache()                     # holds every committed token but the last
@@ -89,13 +67,13 @@ class TreeDecoder(StepDecoder):
         # 1. Propose: a tree of candidate continuations
         t0 = time.perf_counter()
         proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator) \
-            if budget > 0 else TreeProposal(self.prompt[:0], Tree.chain(0))
+            if budget > 0 else Proposal.empty(self.prompt)
         proposal = proposal.limit(max(budget, 0))
-        tree, nodes = proposal.tree, proposal.tokens                                     # (N,)
+        tree, nodes = proposal.as_tree(), proposal.tokens                                    # (N,)
         # 2. Verify: root + every node in one forward, each node seeing only its ancestors
         t1 = time.perf_counter()
         feed = torch.tensor([self.tokens[-1]] + nodes.tolist(), device=self.target.device)[None]   # (1, 1+N)
-        positions = torch.cat([torch.zeros(1, dtype=torch.long), tree.depth]) + n_cached           # (1+N,)
+        positions = torch.cat([torch.tensor([n_cached]), tree.positions(n_cached)])                # (1+N,)
         mask = tree.verify_mask(n_cached).to(self.target.device)                                   # (1+N, S)
         hidden = self.target.features(feed, self.cache, positions[None].to(self.target.device), mask)  # (1+N, F)
         logits = self.target.logits(hidden).cpu()                                        # (1+N, V)
@@ -113,18 +91,17 @@ class TreeDecoder(StepDecoder):
         # 4. Commit: keep the root and the accepted path in the cache, compacted; drop every other branch
         keep = torch.tensor([0] + [1 + i for i in acc.path])                             # (1+n,) slots after n_cached
         self.cache.commit_path(keep, start=n_cached)
-        self.drafter.extend(hidden[keep.to(hidden.device)])
-        new_tokens = _until_eos(acc.tokens(nodes), self.eos)
-        self.tokens += new_tokens
+        self.drafter.commit(n_cached + keep.numel(), hidden[keep.to(hidden.device)])
+        new_tokens = self._commit(acc.tokens(nodes))
         parent_rows = tree.parents + 1                                                    # (N,) row of each node's parent
         step = Step(nodes.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1,
                     p_target[parent_rows, nodes].tolist(),
-                    (proposal.score if proposal.score is not None else torch.ones(tree.n_nodes)).tolist(),
+                    proposal.q_token.tolist(),
                     parents=tree.parents.tolist(), path=acc.path)
         return self._record(step, new_tokens, t0)
 
 
-def tree_generate(target: Transformer | TreeTarget, drafter: TreeDrafter, prompt_ids: torch.Tensor, max_new_tokens: int,
+def tree_generate(target: Transformer | TreeTarget, drafter: Drafter, prompt_ids: torch.Tensor, max_new_tokens: int,
                   budget: int = 32, sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
                   seed: int | None = None, accept_rule: AcceptRule | None = None) -> Generation:
     """Decode up to max_new_tokens after prompt_ids (T,) with a tree drafter proposing up to `budget` nodes a step."""

@@ -1,0 +1,15 @@
+"""Every decode loop, over one request/stop/EOS/seed bookkeeping (base.py).
+
+    autoregressive  one token per target forward: the baseline
+    speculative     propose a chain -> verify -> accept -> commit
+    tree            propose a tree -> verify every node at once -> accept a path -> compact
+    batched         B sequences at once, each accepting its own count
+    static          a static cache, torch.compile and CUDA graphs: decoding at the speed of memory (GPU)
+"""
+from .autoregressive import AutoregressiveDecoder, autoregressive_generate
+from .base import Decoder, Generation
+from .speculative import SpeculativeDecoder, speculative_generate
+from .tree import TreeDecoder, tree_generate
+
+__all__ = ["AutoregressiveDecoder", "autoregressive_generate", "Decoder", "Generation", "SpeculativeDecoder",
+           "speculative_generate", "TreeDecoder", "tree_generate"]

@@ -1,0 +1,121 @@
+"""What every decoding loop shares: the request, its checks, the seed, EOS and stopping, the result.
+
+A loop (autoregressive, chain, tree, batched) is a `Decoder`: it owns the committed tokens, the
+target's cache and the trace, and each `step()` is one target forward that commits one or more
+tokens. `run()` steps until EOS, max_new_tokens or the end of the context and returns a
+`Generation`: the new tokens and the trace of every step.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..core.trace import Step, Trace
+
+
+@dataclass
+class Generation:
+    tokens: list[int]    # the new token ids (the prompt excluded)
+    trace: Trace
+
+
+def check_request(model, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Validate a decode request up front, with errors that say what to do; returns a 1-D cpu tensor."""
+    prompt_ids = torch.as_tensor(prompt_ids)
+    if prompt_ids.dtype.is_floating_point or prompt_ids.dtype.is_complex or prompt_ids.dtype == torch.bool:
+        raise ValueError(f"prompt token ids must be integers, got a {prompt_ids.dtype} tensor: pass the "
+                         "tokenizer's input_ids (torch.long)")
+    prompt_ids = prompt_ids.long().cpu()
+    if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
+        prompt_ids = prompt_ids[0]
+    if prompt_ids.dim() != 1:
+        raise ValueError(f"batch size must be 1: pass one prompt as a 1-D tensor of token ids, got shape "
+                         f"{tuple(prompt_ids.shape)}")
+    if prompt_ids.numel() == 0:
+        raise ValueError("the prompt is empty: give at least one token (or a non-empty prompt text)")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if prompt_ids.numel() >= model.max_seq_len:
+        raise ValueError(f"the prompt has {prompt_ids.numel()} tokens but the model's context holds "
+                         f"{model.max_seq_len}: shorten the prompt or load the model with a larger max_seq_len")
+    if int(prompt_ids.max()) >= model.vocab_size or int(prompt_ids.min()) < 0:
+        raise ValueError(f"prompt token ids must lie in [0, {model.vocab_size}): was it tokenized for another model?")
+    return prompt_ids
+
+
+def seeded(seed: int | None) -> torch.Generator | None:
+    """A generator for sampled decoding: fixed by `seed`, or torch's global one (None)."""
+    return None if seed is None else torch.Generator().manual_seed(seed)
+
+
+def cut(new_tokens: list[int], eos: set[int], max_new_tokens: int | None = None) -> list[int]:
+    """The new tokens up to and including the first end-of-sequence token, at most max_new_tokens of them."""
+    new_tokens = new_tokens if max_new_tokens is None else new_tokens[:max_new_tokens]
+    for i, t in enumerate(new_tokens):
+        if t in eos:
+            return new_tokens[: i + 1]
+    return new_tokens
+
+
+def finished(new_tokens: list[int], eos: set[int], max_new_tokens: int) -> bool:
+    """Whether a sequence with these new tokens is done (EOS emitted or the limit reached)."""
+    return len(new_tokens) >= max_new_tokens or any(t in eos for t in new_tokens)
+
+
+class Decoder:
+    """One sequence being decoded: committed tokens, the target's cache, a trace, and stepping to the end.
+
+    A subclass sets up `prompt`, `tokens`, `cache`, `trace`, `eos` and `max_new_tokens` in its
+    constructor (`begin` does the shared part) and implements `step()`, which ends with `_record`.
+    """
+    prompt: torch.Tensor
+    tokens: list[int]
+    trace: Trace
+
+    def begin(self, target, prompt_ids: torch.Tensor, max_new_tokens: int, method: str,
+              eos_token_ids: tuple[int, ...], seed: int | None) -> None:
+        """Check the request and set up what every loop keeps."""
+        self.prompt = check_request(target, prompt_ids, max_new_tokens)
+        self.max_new_tokens, self.eos, self.generator = max_new_tokens, set(eos_token_ids), seeded(seed)
+        self.trace = Trace(method=method, prompt_len=self.prompt.numel())
+        self.tokens = self.prompt.tolist()                  # committed: prompt + generated
+
+    @property
+    def done(self) -> bool:
+        return self.trace.stop_reason != ""
+
+    def step(self) -> Step:
+        raise NotImplementedError
+
+    def run(self) -> Generation:
+        """Step until EOS, max_new_tokens or the end of the context."""
+        while not self.done:
+            self.step()
+        return Generation(self.tokens[self.prompt.numel():], self.trace)
+
+    def _commit(self, new_tokens: list[int]) -> list[int]:
+        """Append a step's new tokens, cut after EOS; returns what was appended."""
+        new_tokens = cut(new_tokens, self.eos)
+        self.tokens += new_tokens
+        return new_tokens
+
+    def _record(self, step: Step, new_tokens: list[int], t0: float | None = None) -> Step:
+        """Log a step, its committed tokens already appended, and decide whether to stop; from t0, time it."""
+        trace = self.trace
+        trace.steps.append(step)
+        trace.n_generated = len(self.tokens) - self.prompt.numel()
+        trace.stop_reason = self._stop_reason(new_tokens)
+        if t0 is not None:
+            trace.total_time += time.perf_counter() - t0
+        return step
+
+    def _stop_reason(self, new_tokens: list[int]) -> str:
+        if any(t in self.eos for t in new_tokens):
+            return "eos"
+        if self.trace.n_generated >= self.max_new_tokens:
+            return "max_new_tokens"
+        if self.cache.room() < 1:
+            return "context"
+        return ""

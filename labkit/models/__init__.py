@@ -1,0 +1,1 @@
+"""Models and caches: the readable Transformer, its forward paths, KV caches, loading and the model hub."""

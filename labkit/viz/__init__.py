@@ -1,0 +1,1 @@
+"""Presentation: coloured tokens, plots, tree drawings and notebook widgets."""
