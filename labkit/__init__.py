@@ -22,7 +22,13 @@ from .decoding import (
     speculative_generate,
     tree_generate,
 )
-from .drafters import Drafter, DraftModelDrafter, PromptLookupDrafter, Proposal
+from .drafters import (
+    Drafter,
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    Proposal,
+    SuffixDrafter,
+)
 from .models.kv_cache import KVCache
 from .models.transformer import ModelArgs, Transformer
 
@@ -35,5 +41,5 @@ def load_model(*args, **kwargs):
 
 __all__ = ["Acceptance", "greedy_accept", "speculative_accept", "CostAwareGamma", "FixedGamma", "HeuristicGamma",
            "expected_speedup", "expected_tokens", "autoregressive_generate", "DraftModelDrafter", "Drafter",
-           "PromptLookupDrafter", "Proposal", "KVCache", "ModelArgs", "Transformer", "GREEDY", "SamplingConfig",
-           "Generation", "SpeculativeDecoder", "speculative_generate", "TreeDecoder", "tree_generate", "Step", "Trace", "load_model"]
+           "PromptLookupDrafter", "SuffixDrafter", "Proposal", "KVCache", "ModelArgs", "Transformer", "GREEDY",
+           "SamplingConfig", "Generation", "SpeculativeDecoder", "speculative_generate", "TreeDecoder", "tree_generate", "Step", "Trace", "load_model"]

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from labkit.bench.forward_time import time_forward
 from labkit.bench.writer import markdown_table, subplots, write_outputs
 from labkit.core.adaptive import expected_tokens
-from labkit.decoding.static import time_forward
 from labkit.hw import Roofline, describe, predicted_speedup, random_model
 
 ROOT = Path(__file__).resolve().parents[1]

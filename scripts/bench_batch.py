@@ -28,9 +28,11 @@ from tqdm import tqdm
 
 from labkit.bench.writer import markdown_table, subplots, write_outputs
 from labkit.decoding.batched import (
+    batch_summary,
     batched_autoregressive_generate,
     batched_speculative_generate,
 )
+from labkit.drafters import DraftModelDrafter
 from labkit.hw import SHAPES, Roofline, describe, predicted_speedup
 from labkit.hw.device import add_timing_args, timing_clock
 from labkit.models.hub import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -53,10 +55,6 @@ def load_pair(args):
     draft = load_model(args.draft, dtype="bf16", device=args.device, progress=False)
     prompts = [encode_prompt(target.tokenizer, r["prompt"], chat_template=True) for r in rows]
     return target.model, draft.model, prompts, target.eos_token_ids
-
-
-def decode_time(gen) -> float:
-    return gen.total_time - gen.prefill_time
 
 
 def plot(result: dict):
@@ -120,22 +118,26 @@ def main(argv=None) -> dict:
         for B in batch_sizes:
             batch = [prompts[b % len(prompts)] for b in range(B)]
             context = max(p.numel() for p in batch) + args.max_new_tokens // 2
-            ar = batched_autoregressive_generate(target, batch, args.max_new_tokens, eos_token_ids=eos, clock=clock)
+            ar_gens = batched_autoregressive_generate(target, batch, args.max_new_tokens, eos_token_ids=eos,
+                                                      clock=clock)
+            ar = batch_summary(ar_gens)
             bar.update()
             for gamma in gammas:
-                spec = batched_speculative_generate(target, draft, batch, args.max_new_tokens, gamma, eos_token_ids=eos,
-                                                  clock=clock)
+                spec_gens = batched_speculative_generate(target, DraftModelDrafter(draft), batch, args.max_new_tokens,
+                                                         gamma, eos_token_ids=eos, clock=clock)
+                spec = batch_summary(spec_gens)
                 bar.update()
-                alpha = spec.acceptance_rate
-                rows.append({"batch": B, "gamma": gamma, "speedup": decode_time(ar) / decode_time(spec),
+                alpha = spec["acceptance_rate"]
+                rows.append({"batch": B, "gamma": gamma, "speedup": ar["decode_time"] / spec["decode_time"],
                              "predicted_speedup": predicted_speedup(roof, target.args, draft.args, B, gamma,
                                                                     min(alpha, 0.999), context),
-                             "acceptance": alpha, "spec_steps": spec.n_forwards, "ar_steps": ar.n_forwards,
-                             "verify_ms": 1e3 * spec.verify_time / spec.n_forwards,
-                             "draft_ms_per_step": 1e3 * spec.draft_time / spec.n_forwards,
-                             "ar_step_ms": 1e3 * ar.verify_time / max(1, ar.n_forwards),
-                             "spec_decode_s": decode_time(spec), "ar_decode_s": decode_time(ar),
-                             "rows_equal": sum(a == s for a, s in zip(ar.tokens, spec.tokens))})
+                             "acceptance": alpha, "spec_steps": spec["target_forwards"],
+                             "ar_steps": ar["target_forwards"],
+                             "verify_ms": 1e3 * spec["verify_time"] / spec["target_forwards"],
+                             "draft_ms_per_step": 1e3 * spec["draft_time"] / spec["target_forwards"],
+                             "ar_step_ms": 1e3 * ar["verify_time"] / max(1, ar["target_forwards"] - 1),
+                             "spec_decode_s": spec["decode_time"], "ar_decode_s": ar["decode_time"],
+                             "rows_equal": sum(a.tokens == s.tokens for a, s in zip(ar_gens, spec_gens))})
                 print(rows[-1])
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
               "load_average_1min_before_after": [load_before, os.getloadavg()[0]],

@@ -21,6 +21,7 @@ import argparse
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -67,16 +68,15 @@ def bench_shape(name: str, prompt_len: int, new_tokens: int, peak_bw: float | No
         if opts is None:
             autoregressive_generate(model, prompt, max_new_tokens=8)                     # warm-up
             torch.cuda.synchronize()
-            # F821 is a false positive: ruff takes `del model` below for an unbound name; the lambda runs first
-            gen, util = timed(lambda: autoregressive_generate(model, prompt, max_new_tokens=new_tokens), label)  # noqa: F821
-            steps = gen.trace.steps
-            decode_s = sum(s.verify_time for s in steps[1:])
-            tokens, tok_s, context = gen.tokens, (len(gen.tokens) - 1) / decode_s, prompt_len + new_tokens // 2
+            gen, util = timed(partial(autoregressive_generate, model, prompt, max_new_tokens=new_tokens), label)
+            context = prompt_len + new_tokens // 2
         else:
             dec = StaticDecoder(model, max_len=max_len, **opts)
             dec.warmup()
-            run, util = timed(lambda: dec.generate(prompt, new_tokens), label)
-            tokens, tok_s, context = run.tokens, run.tokens_per_s, max_len - 1   # attends every slot
+            gen, util = timed(partial(dec.generate, prompt, new_tokens), label)
+            context = max_len - 1                                                         # attends every slot
+        # the first token comes from the prefill; each later one costs one step
+        tokens, tok_s = gen.tokens, (len(gen.tokens) - 1) / sum(s.verify_time for s in gen.trace.steps[1:])
         ref_tokens = ref_tokens or tokens
         agree = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), len(tokens))
         nbytes = decode_cost(model.args, context).bytes        # weights, one embedding row, the KV read and written

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from labkit.bench.forward_time import time_forward
 from labkit.bench.writer import subplots, write_outputs
-from labkit.decoding.static import time_forward
 from labkit.hw import SHAPES, Roofline, describe, forward_cost
 from labkit.hw.device import add_timing_args, timing_clock
 from labkit.models.calibrate import time_forwards

@@ -127,7 +127,7 @@ def test_a_draft_from_another_vocabulary_or_a_shorter_context_is_refused():
         speculative_generate(target, DraftModelDrafter(short), prompt, 8)
     from labkit.decoding.batched import batched_speculative_generate
     with pytest.raises(ValueError, match="draft model's vocabulary"):
-        batched_speculative_generate(target, tiny_model(vocab_size=100), [prompt], 4)
+        batched_speculative_generate(target, DraftModelDrafter(tiny_model(vocab_size=100)), [prompt], 4)
 
 
 def chatml_tokenizer():

@@ -151,6 +151,21 @@ def test_first_difference_and_ideal_edge_cases():
     assert ideal_speedup(AR_STEPS, AR_STEPS) is None                  # nothing drafted
 
 
+def test_tree_methods_ideal_is_tokens_per_step_of_measured_cost():
+    """A tree step has no single acceptance rate: 6 tokens over 0.4 s of drafting and verifying is 1.5 AR steps'
+    worth of tokens per AR step; the record's tree flag comes from the registry."""
+    steps = [[8, 3, 0, 0.01, 0.11], [0, 0, 1, 0.0, 0.1], [5, 1, 0, 0.01, 0.17]]   # 4 + 1 + 2 tokens in 0.4 s
+    assert ideal_speedup(steps, AR_STEPS, tree=True) == pytest.approx(7 * 0.1 / 0.4)
+    assert ideal_speedup(steps, AR_STEPS) != pytest.approx(7 * 0.1 / 0.4)       # the chain formula differs
+    plain = [[2, 0, 0, 0.0, 0.1]]                                                  # 1 token in 0.1 s: ideal 1.0
+    records = [record("q1", "c1", "ar", [1] * 7, 0.7, 7, AR_STEPS), record("q1", "c1", "suffix", [1] * 7, 0.5, 3, steps),
+               record("q2", "c1", "ar", [1] * 7, 2.1, 7, AR_STEPS), record("q2", "c1", "suffix", [1], 2.0, 1, plain)]
+    row = {(r.category, r.method): r for r in aggregate(records)[0]}
+    assert ideal_speedup(plain, AR_STEPS, tree=True) == pytest.approx(1.0)
+    # over questions a ratio of sums (as × AR is), not the mean of 1.75 and 1.0: (0.7 + 2.1) / (0.7 / 1.75 + 2.1 / 1)
+    assert row["c1", "suffix"].ideal_speedup == pytest.approx(2.8 / 2.5)
+
+
 # --- real runs on tiny random checkpoints ---------------------------------------------------
 
 @pytest.fixture(scope="module")

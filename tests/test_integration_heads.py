@@ -1,4 +1,5 @@
-"""The shipped Medusa and EAGLE heads on the real target: exact greedy output, and real acceleration.
+"""The shipped Medusa and EAGLE heads, and the model-free suffix drafter, on the real target: exact greedy
+output, and real acceleration.
 
 fp32 target, so that token-for-token equality with plain greedy decoding is a fair demand (in
 bf16 a 33-token tree forward and a 1-token forward can round a near-tie differently).
@@ -72,3 +73,20 @@ def test_sampling_over_an_eagle_tree_runs_on_the_real_target(setup):
     again = tree_generate(target.model, drafter, ids, 16, budget=budget, sampling=SamplingConfig(temperature=0.7),
                           seed=0, eos_token_ids=target.eos_token_ids)
     assert again.tokens == out.tokens                  # the seed fixes every draw: drafts, acceptance, residuals
+
+
+EDIT_PROMPT = ("Rename the variable `x` to `total` in this function and return the whole function:\n"
+               "```python\ndef add_all(values):\n    x = 0\n    for v in values:\n        x += v\n    return x\n```")
+
+
+def test_suffix_decoding_is_exact_and_copies_on_the_real_target(setup):
+    """An edit repeats the prompt's code: the suffix trie drafts it from the prompt, exactly."""
+    from labkit.drafters.suffix import SuffixDrafter
+    target = setup[0]
+    ids = encode_prompt(target.tokenizer, EDIT_PROMPT, chat_template=True)
+    plain = autoregressive_generate(target.model, ids, N, eos_token_ids=target.eos_token_ids)
+    out = tree_generate(target.model, SuffixDrafter(), ids, N, budget=24, eos_token_ids=target.eos_token_ids)
+    assert out.tokens == plain.tokens
+    assert out.trace.tokens_per_forward > 1.5, out.trace.summary()
+    result = METHODS["suffix"].build(Models(target), N, 4, 10)(ids)
+    assert result.tokens == plain.tokens and result.target_forwards == out.trace.n_target_forwards

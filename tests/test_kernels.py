@@ -207,12 +207,14 @@ def test_labkit_imports_and_decodes_without_triton():
     code = ("import sys; sys.modules['triton'] = None\n"
             "import torch, kernels\n"
             "from labkit.decoding.batched import batched_speculative_generate\n"
+            "from labkit.drafters import DraftModelDrafter\n"
             "from labkit.models.transformer import ModelArgs, Transformer\n"
             "m = Transformer(ModelArgs(vocab_size=50, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=64))\n"
-            "out = batched_speculative_generate(m.init_random(std=0.2), m, [torch.tensor([1, 2]), torch.tensor([3])], 6)\n"
+            "out = batched_speculative_generate(m.init_random(std=0.2), DraftModelDrafter(m), [torch.tensor([1, 2]), "
+            "torch.tensor([3])], 6)\n"
             "q = torch.randn(1, 2, 3, 16); k = torch.randn(1, 1, 8, 16)\n"
             "kernels.attend_tree(q, k, k, torch.tensor([-1, 0, 0]), 5)\n"
-            "print(kernels.HAVE_TRITON, [len(t) for t in out.tokens])\n")
+            "print(kernels.HAVE_TRITON, [len(g.tokens) for g in out])\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "[6,", "6]"]

@@ -49,24 +49,24 @@ def eagle_pair(seed: int = 0):
     return target, head
 
 
-def exact_joint(model, cfg: SamplingConfig) -> np.ndarray:
+def exact_joint(model, cfg: SamplingConfig, prompt: torch.Tensor = PROMPT) -> np.ndarray:
     """P(first two new tokens = (a, b)) under the model's own sampling, (V, V): p(a | prompt) p(b | prompt, a)."""
     def dist(extra):
-        tokens = torch.tensor([PROMPT.tolist() + extra])
+        tokens = torch.tensor([prompt.tolist() + extra])
         logits = model(tokens, model.new_cache(), num_logits=1)[0, -1]                  # (V,) head 1's
         return probs_from_logits(logits, cfg).double().numpy()
     first = dist([])
     return np.stack([first[a] * dist([a]) for a in range(V)])
 
 
-def first_two_counts(make_decoder) -> tuple[np.ndarray, int]:
+def first_two_counts(make_decoder, prompt: torch.Tensor = PROMPT) -> tuple[np.ndarray, int]:
     """Counts (V, V) of the first two generated tokens over N_RUNS seeds, and how many draft tokens were accepted."""
     counts, accepted = np.zeros((V, V)), 0
     for seed in range(N_RUNS):
         dec = make_decoder(seed)
-        while len(dec.tokens) < PROMPT.numel() + 2:
+        while len(dec.tokens) < prompt.numel() + 2:
             accepted += dec.step().n_accepted
-        a, b = dec.tokens[PROMPT.numel():PROMPT.numel() + 2]
+        a, b = dec.tokens[prompt.numel():prompt.numel() + 2]
         counts[a, b] += 1
     return counts, accepted
 

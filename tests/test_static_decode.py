@@ -39,7 +39,10 @@ def test_static_greedy_equals_autoregressive(compile):
     dec = StaticDecoder(model, max_len=40, compile=compile, compile_backend="eager")
     run = dec.generate(prompt, max_new_tokens=24)
     assert run.tokens == ref
-    assert run.tokens_per_s > 0
+    trace = run.trace
+    assert trace.method == "static" and trace.n_generated == 24 and len(trace.steps) == 24
+    assert [s.next_token for s in trace.steps] == ref and trace.verify_time > 0
+    assert trace.total_time >= trace.prefill_time + trace.verify_time
     again = dec.generate(prompt[:5], max_new_tokens=10)                      # a second prompt reuses the cache
     assert again.tokens == autoregressive_generate(model, prompt[:5], max_new_tokens=10).tokens
 

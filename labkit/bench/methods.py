@@ -14,10 +14,12 @@ from typing import Callable
 import torch
 
 from ..core.adaptive import CostAwareGamma, GammaPolicy, HeuristicGamma
+from ..core.tree_budget import CostAwareBudget
 from ..decoding.autoregressive import autoregressive_generate
 from ..decoding.speculative import Generation, speculative_generate
 from ..decoding.tree import tree_generate
 from ..drafters import DraftModelDrafter, PromptLookupDrafter
+from ..drafters.suffix import SuffixDrafter
 
 BASELINE = "ar"             # every speedup is over this method, measured on the same question
 PEER_BASELINE = "hf-generate"
@@ -53,6 +55,7 @@ class Method:
     build: Callable                      # (Models, max_new_tokens, gamma, lookup_tokens) -> run(prompt_ids)
     reference: str = BASELINE            # the plain decoder of its own stack (exact methods must equal it)
     exact: bool = True                   # greedy output equals plain greedy decoding (in exact arithmetic)
+    tree: bool = False                   # proposes trees (its ideal speedup is the tree analogue, report.py)
 
 
 def from_generation(out: Generation) -> MethodResult:
@@ -82,12 +85,36 @@ def _lookup(m: Models):
     return PromptLookupDrafter()
 
 
-def _tree(drafter: Callable[[Models], object], budget: int):
-    """A tree drafter (Medusa, EAGLE) with `budget` nodes a step; built once, its heads loaded once."""
+def _suffix(remember: bool, spec_factor: float = 2.0):
+    """Suffix decoding; remember=True also indexes the answers to the earlier questions of the same run."""
+    return lambda m: SuffixDrafter(spec_factor=spec_factor, remember=remember)
+
+
+_SKIP_SEARCHES: dict[int, object] = {}       # target model id -> its layer-skip search, run once a process
+
+
+def _layer_skip(m: Models, n: int, gamma: int, lookup_tokens: int):
+    """Layer-skip self-speculation with the layers and γ that the search on this machine chose."""
+    from ..drafters.layer_skip import (
+        LayerSkipDrafter,
+        calibration_ids,
+        search_skip_layers,
+    )
+    model, eos = m.target.model, m.target.eos_token_ids
+    if id(model) not in _SKIP_SEARCHES:
+        _SKIP_SEARCHES[id(model)] = search_skip_layers(model, calibration_ids(m.target.tokenizer), progress=False)
+    search = _SKIP_SEARCHES[id(model)]
+    drafter = LayerSkipDrafter(model, search.skip, eos_token_ids=eos)
+    return lambda ids: from_generation(speculative_generate(model, drafter, ids, n, search.gamma, eos_token_ids=eos))
+
+
+def _tree(drafter: Callable[[Models], object], budget: int | Callable[[], object]):
+    """A tree drafter with `budget` nodes a step (or a fresh budget policy per question, made by `budget()`);
+    the drafter is built once, its heads loaded once."""
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
         eos, tree_drafter = m.target.eos_token_ids, drafter(m)
-        return lambda ids: from_generation(tree_generate(m.target.model, tree_drafter, ids, n, budget,
-                                                         eos_token_ids=eos))
+        return lambda ids: from_generation(tree_generate(m.target.model, tree_drafter, ids, n,
+                                                         budget() if callable(budget) else budget, eos_token_ids=eos))
     return build
 
 
@@ -196,7 +223,7 @@ def _transformers(assisted: bool = False, lookup: bool = False):
 
 # tree sizes: a verify pass over 32 tokens cost ~1.2 one-token passes, 64 tokens ~1.7, on the AMX Xeon where
 # these were chosen; on an AVX2-only CPU far more (README, "No speedup on this CPU")
-MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET = 32, 8, 6, 32
+MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET, SUFFIX_BUDGET = 32, 8, 6, 32, 24
 _D, _HF, _HFD, _H = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"}), frozenset({"heads"})
 _LC = frozenset({"llama-cpp"})
 METHODS: dict[str, Method] = {m.name: m for m in [
@@ -207,11 +234,18 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _speculative(_lookup, lambda g: g)),
     Method("lookup-cost-aware", "labkit prompt lookup, cost-aware γ", frozenset(),
            _speculative(_lookup, CostAwareGamma)),
-    Method("medusa", "labkit Medusa-1 heads, static tree", _H, _tree(_medusa, budget=MEDUSA_BUDGET)),
+    Method("layer-skip", "labkit layer-skip self-speculation (layers, γ searched here)", frozenset(), _layer_skip),
+    Method("suffix", "labkit suffix decoding (this request)", frozenset(), _tree(_suffix(False), SUFFIX_BUDGET),
+           tree=True),
+    Method("suffix-global", "labkit suffix decoding (+ earlier answers)", frozenset(),
+           _tree(_suffix(True), SUFFIX_BUDGET), tree=True),
+    Method("suffix-cost-aware", "labkit suffix decoding, trees up to 64 nodes, cost-aware budget", frozenset(),
+           _tree(_suffix(False, spec_factor=6.0), lambda: CostAwareBudget(max_budget=64)), tree=True),
+    Method("medusa", "labkit Medusa-1 heads, static tree", _H, _tree(_medusa, budget=MEDUSA_BUDGET), tree=True),
     Method("eagle-chain", "labkit EAGLE head, chain of 6", _H,
            _tree(_eagle(top_k=1, depth=EAGLE_DEPTH), budget=EAGLE_DEPTH)),
     Method("eagle-tree", "labkit EAGLE-2 dynamic tree", _H,
-           _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), budget=EAGLE_BUDGET)),
+           _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), budget=EAGLE_BUDGET), tree=True),
     Method("hf-generate", "transformers generate", _HF, _transformers(), PEER_BASELINE),
     Method("hf-assisted", "transformers assisted", _HFD, _transformers(assisted=True), PEER_BASELINE),
     Method("hf-lookup", "transformers prompt lookup, {lookup_tokens} tokens", _HF, _transformers(lookup=True),

@@ -8,7 +8,12 @@ Definitions (the Markdown header repeats them):
 - acceptance rate: accepted draft tokens over proposed draft tokens.
 - draft / verify share: seconds drafting / inside target forwards, over wall seconds.
 - ideal speedup: Leviathan et al.'s improvement factor for the acceptance, γ and step costs
-  measured in this run (draft and verify steps in units of the baseline's decode step).
+  measured in this run (draft and verify steps in units of the baseline's decode step). Tree
+  methods have no single acceptance rate: their ideal is the tree analogue, the new tokens
+  over the measured drafting and verify seconds of every step, in baseline decode steps (what
+  the method would reach if nothing but its forwards and its drafting took time). Over several
+  questions: the baseline's seconds over the seconds each question would take at its ideal
+  speedup (a ratio of sums, as the measured speedup is).
 """
 from __future__ import annotations
 
@@ -59,12 +64,16 @@ def first_difference(tokens: list[int], reference: list[int]) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
 
 
-def ideal_speedup(steps: list[list] | None, baseline_steps: list[list]) -> float | None:
-    """Leviathan's speedup for this run's measured acceptance rate and costs (γ = mean draft length)."""
+def ideal_speedup(steps: list[list] | None, baseline_steps: list[list], tree: bool = False) -> float | None:
+    """Leviathan's speedup for this run's measured acceptance rate and costs (γ = mean draft length); for a tree
+    method, tokens committed per baseline step's worth of its measured drafting and verifying."""
     drafted = [s for s in steps or [] if s[0] > 0]
     ar_step = statistics.median(s[4] for s in (baseline_steps[:-1] or baseline_steps))
     if not drafted or ar_step <= 0:
         return None
+    if tree:                                   # per step [nodes, accepted, bonus, draft s, verify s]
+        committed = sum(s[1] + 1 for s in steps)
+        return committed * ar_step / sum(s[3] + s[4] for s in steps)
     accepted = sum(s[1] for s in drafted)
     rejections = sum(1 - s[2] for s in drafted)
     alpha = accepted / max(1, accepted + rejections)
@@ -142,14 +151,17 @@ def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mi
     drafted = [s for r in rs for s in r["steps"] or [] if s[0] > 0]
     proposed = sum(s[0] for s in drafted)
     forwards = sum(r["target_forwards"] for r in rs)
-    ideals = [i for r, b in zip(rs, base) if (i := ideal_speedup(r["steps"], b["steps"] or [])) is not None]
+    tree = method in METHODS and METHODS[method].tree
+    # per question, the baseline's seconds and the ideal speedup; over questions a ratio of sums, as × AR is
+    ideals = [(b["seconds"], i) for r, b in zip(rs, base)
+              if (i := ideal_speedup(r["steps"], b["steps"] or [], tree)) is not None]
     parted = {(x.question_id, x.reference) for x in mismatches if x.method == method}
     return Row(cat, method, label, len(rs), _tps(rs), _tps(rs) / _tps(base),
                sum(r["new_tokens"] for r in rs) / forwards if forwards else None,
                sum(s[1] for s in drafted) / proposed if proposed else None,
                sum(r["draft_time"] for r in rs) / seconds if all(r["draft_time"] is not None for r in rs) else None,
                sum(r["verify_time"] for r in rs) / seconds,
-               statistics.mean(ideals) if ideals else None,
+               sum(t for t, _ in ideals) / sum(t / i for t, i in ideals) if ideals else None,
                sum((r["question_id"], BASELINE) not in parted for r in rs),
                sum((r["question_id"], r["reference"]) not in parted for r in rs))
 
@@ -183,7 +195,8 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
              "forward passes (each pass commits its accepted draft tokens plus the target's own bonus or correction "
              "token); *accept* = accepted / proposed draft tokens; *draft*, *verify* = shares of wall time spent "
              "drafting and in target forwards; *ideal ×* = Leviathan et al.'s speedup for this run's measured "
-             "acceptance and step costs; *= AR* / *= ref* = questions whose output equals labkit autoregressive's / "
+             "acceptance and step costs (tree methods: new tokens per baseline step's worth of their measured "
+             "drafting and verifying; over several questions a ratio of sums, as *× AR*); *= AR* / *= ref* = questions whose output equals labkit autoregressive's / "
              "the plain decoder of the method's own stack (transformers generate for the peers) token for token.", "",
              "| category | method | n | tok/s | × AR | × own | tok/fwd | accept | draft | verify | ideal × | = AR | = ref |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -1,1 +1,2 @@
-"""The math of speculative decoding: sampling, acceptance rules, trees, typical acceptance, γ policies, traces."""
+"""The math of speculative decoding: sampling, acceptance rules, trees, typical acceptance, γ and tree-budget
+policies, traces."""

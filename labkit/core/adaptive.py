@@ -70,6 +70,27 @@ class HeuristicGamma(GammaPolicy):
         self.k = min(self.max_gamma, self.k + 2) if step.bonus else max(1.0, self.k - 1)
 
 
+class VerifyFit:
+    """A decayed least-squares line t(n) = a + b·n through (tokens per verify pass, seconds) pairs."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.sums = [0.0] * 5  # decayed sums: w, n, t, n·n, n·t
+
+    def add(self, n_tokens: int, seconds: float) -> None:
+        d, n, t = self.decay, n_tokens, seconds
+        self.sums = [d * s + x for s, x in zip(self.sums, (1.0, n, t, n * n, n * t))]
+
+    def __call__(self, n_tokens: int) -> float:
+        """Fitted seconds for a verify pass of n_tokens (flat when only one size was seen; never negative slope)."""
+        w, sn, st, snn, snt = self.sums
+        if w == 0:
+            return 0.0
+        var = snn / w - (sn / w) ** 2
+        slope = max(0.0, (snt / w - sn * st / w ** 2) / var) if var > 1e-9 else 0.0
+        return st / w + slope * (n_tokens - sn / w)
+
+
 class CostAwareGamma(GammaPolicy):
     """Ours: pick γ maximising expected tokens per second from what this run has measured.
 
@@ -87,14 +108,13 @@ class CostAwareGamma(GammaPolicy):
         self.probe_every = self.interval = check_gamma(probe_every)
         self.accepted = self.rejected = 0.0
         self.draft_time = self.draft_tokens = 0.0
-        self.sums = [0.0] * 5  # decayed sums for the verify fit: w, n, t, n·n, n·t
+        self.verify_time = VerifyFit(decay)   # seconds of a verify pass of n tokens, fitted from the trace
         self.n_steps = 0
         self.idle = 0          # plain (γ = 0) steps since the last draft
 
     def update(self, step: Step) -> None:
         d = self.decay
-        n, t = step.gamma + 1, step.verify_time
-        self.sums = [d * s + x for s, x in zip(self.sums, (1.0, n, t, n * n, n * t))]
+        self.verify_time.add(step.gamma + 1, step.verify_time)
         if step.gamma == 0:
             self.idle += 1
             return
@@ -106,13 +126,6 @@ class CostAwareGamma(GammaPolicy):
         self.rejected = d * self.rejected + (0 if step.bonus else 1)
         self.draft_time = d * self.draft_time + step.draft_time
         self.draft_tokens = d * self.draft_tokens + step.gamma
-
-    def verify_time(self, n_tokens: int) -> float:
-        """Fitted seconds for a verify pass of n_tokens (flat when only one size was seen)."""
-        w, sn, st, snn, snt = self.sums
-        var = snn / w - (sn / w) ** 2
-        slope = max(0.0, (snt / w - sn * st / w ** 2) / var) if var > 1e-9 else 0.0
-        return st / w + slope * (n_tokens - sn / w)
 
     def tokens_per_second(self, g: int) -> float:
         """Expected committed tokens per second drafting g tokens a step (g = 0: plain decoding)."""

@@ -1,9 +1,10 @@
-"""Every decode loop, over one request/stop/EOS/seed bookkeeping (base.py).
+"""Every decode loop, over one request/stop/EOS/seed bookkeeping (base.py); each returns a
+`Generation` (the new tokens and the trace of every step), one per row when batched.
 
     autoregressive  one token per target forward: the baseline
     speculative     propose a chain -> verify -> accept -> commit
     tree            propose a tree -> verify every node at once -> accept a path -> compact
-    batched         B sequences at once, each accepting its own count
+    batched         B sequences at once with any chain drafter, each row accepting its own count
     static          a static cache, torch.compile and CUDA graphs: decoding at the speed of memory (GPU)
 """
 from .autoregressive import AutoregressiveDecoder, autoregressive_generate

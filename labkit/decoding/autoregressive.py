@@ -33,8 +33,8 @@ class AutoregressiveDecoder(Decoder):
         """sample -> commit -> feed, once."""
         t0 = time.perf_counter()
         token = int(next_token(self.logits, self.sampling, self.generator))
-        self.tokens.append(token)
-        step = self._record(Step([], 0, token, True, 0.0, 0.0), [token])      # stops before a forward it won't use
+        new_tokens = self._commit([token])
+        step = self._record(Step([], 0, token, True, 0.0, 0.0), new_tokens)   # stops before a forward it won't use
         if not self.done:
             self.logits = self.target(torch.tensor([[token]], device=self.target.device), self.cache)[0, -1]  # (V,)
         step.verify_time = time.perf_counter() - t0

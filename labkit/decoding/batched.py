@@ -1,23 +1,22 @@
-"""Batched speculative decoding: B sequences at once, each accepting its own number of tokens.
+"""Batched decoding: B sequences at once, each accepting its own number of tokens per step.
 
-One KV cache holds all B rows and its write pointer moves for all of them together; what
-differs per row is which slots count. `RaggedCache` records, for every row and slot, the
-token position the slot holds (-1: padding or rolled back). A query at position p sees the
-row's slots holding positions <= p, and each row's RoPE positions are its own, so left
-padding (prompts of different lengths) and rows accepting different counts are both the
-same thing: slots a row ignores. Rollback is per row (`truncate_rows`); the shared cache then
-drops the slots no row keeps. The native model's explicit `positions` and `mask` arguments
-carry all of it: no change to the model.
+The target's `RaggedCache` (labkit.models.ragged_cache) lets rows of different lengths share one
+cache and roll back by different amounts. The drafter is any chain drafter, called through
+`start_rows` / `propose_rows` / `commit_rows` (labkit.drafters.base): the draft model drafts all
+rows in the same forwards, other drafters row by row. A row proposes at most γ tokens and may
+propose fewer (or none); the verify forward right-aligns the rows, and `accept_rows` caps each
+row's acceptance at its own proposal length.
 
-Greedy mode is exact per row (each row equals its own greedy autoregressive decoding); the
-acceptance runs for all rows at once through kernels.greedy_accept / sampled_accept (a
-fused Triton kernel on a GPU, the torch reference elsewhere). Draft models only: a drafter
-with its own per-sequence state (labkit.drafters) would need a batched interface first.
+Greedy mode is exact per row in exact arithmetic: each row's tokens are its own greedy
+autoregressive decoding. (Padded rows run through matrix kernels of another shape than a lone
+row, so on real models a near-tie between two logits can flip in low precision.) The acceptance
+runs for all rows at once through kernels.greedy_accept / sampled_accept (a fused Triton kernel
+on a GPU, the torch reference elsewhere). Every row gets its own `Generation` and trace; the
+step times in each are the whole batch's.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -30,161 +29,174 @@ from ..core.sampling import (
     probs_from_logits,
     sample,
 )
-from ..drafters.draft_model import check_draft_model
-from .base import check_request, cut, finished, seeded
+from ..core.trace import Step, Trace
+from ..drafters.base import Drafter
+from ..models.ragged_cache import RaggedCache, left_pad, unpad
+from ..models.target import Target
+from .base import Generation, check_request, cut, finished, seeded
 
 
-class RaggedCache:
-    """A KVCache shared by B rows that hold different numbers of tokens."""
+class _Batch:
+    """The bookkeeping of B rows: prompts, new tokens and a trace each, and the shared clock."""
 
-    def __init__(self, model, batch_size: int, max_len: int):
-        self.model = model
-        self.cache = model.new_cache(batch_size, max_len)
-        self.slot_pos = torch.full((batch_size, max_len), -1, dtype=torch.long)       # (B, S) position, -1 none
-        self.length = torch.zeros(batch_size, dtype=torch.long)                        # (B,) tokens held per row
-
-    def feed(self, tokens: torch.Tensor, n_real: torch.Tensor) -> torch.Tensor:
-        """Append row b's last n_real[b] tokens of `tokens` (B, T) (the rest is padding); logits (B, T, V)."""
-        B, T = tokens.shape
-        L = self.cache.length
-        real = torch.arange(T)[None, :] >= (T - n_real)[:, None]                        # (B, T)
-        positions = self.length[:, None] + real.long().cumsum(1) - 1                   # (B, T); pads: length-1
-        positions = positions.clamp(min=0)
-        self.slot_pos[:, L:L + T] = torch.where(real, positions, -1)
-        held = self.slot_pos[:, :L + T]                                                # (B, S)
-        mask = (held[:, None, :] >= 0) & (held[:, None, :] <= positions[:, :, None])   # (B, T, S)
-        mask[:, torch.arange(T), L + torch.arange(T)] = True                           # a pad sees itself: no empty row
-        device = self.model.device
-        logits = self.model(tokens.to(device), self.cache, positions=positions.to(device),
-                            mask=mask[:, None].to(device))                             # (B, T, V)
-        self.length += n_real
-        return logits.cpu()
-
-    def truncate_rows(self, lengths: torch.Tensor) -> None:
-        """Keep each row's first lengths[b] tokens; drop the slots no row holds any more."""
-        if bool((lengths > self.length).any()) or bool((lengths < 0).any()):
-            raise ValueError(f"cannot truncate rows holding {self.length.tolist()} tokens to {lengths.tolist()}")
-        self.slot_pos[self.slot_pos >= lengths[:, None]] = -1
-        self.length = lengths.clone()
-        used = torch.nonzero((self.slot_pos[:, :self.cache.length] >= 0).any(0))
-        self.cache.truncate(int(used[-1]) + 1 if used.numel() else 0)
-
-
-def left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-aligned token rows (B, T) padded with 0 on the left, and each row's real count (B,)."""
-    T = max(len(r) for r in rows)
-    return torch.tensor([[0] * (T - len(r)) + r for r in rows]).long(), torch.tensor([len(r) for r in rows])
-
-
-@dataclass
-class BatchedGeneration:
-    tokens: list[list[int]]                  # each row's new tokens (prompt excluded)
-    n_accepted: list[list[int]] = field(default_factory=list)   # per step, per row (empty for autoregressive)
-    n_forwards: int = 0                      # target forwards after the prefill
-    gamma: int = 0                           # draft tokens per step (0: autoregressive)
-    prefill_time: float = 0.0
-    draft_time: float = 0.0
-    verify_time: float = 0.0
-    total_time: float = 0.0
+    def __init__(self, target: Target, prompts: list[torch.Tensor], max_new_tokens: int, method: str,
+                 eos_token_ids: tuple[int, ...], seed: int | None, clock):
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a non-empty list of 1-D token-id tensors, one per row")
+        self.prompts = [check_request(target, p, max_new_tokens).tolist() for p in prompts]
+        self.new: list[list[int]] = [[] for _ in prompts]
+        self.traces = [Trace(method=method, prompt_len=len(p)) for p in self.prompts]
+        self.max_new_tokens, self.eos, self.clock = max_new_tokens, set(eos_token_ids), clock
+        self.generator = seeded(seed)
+        self.t0 = clock()
 
     @property
-    def acceptance_rate(self) -> float:
-        """Accepted / proposed draft tokens over the steps where a row was still decoding."""
-        counted = [n for step in self.n_accepted for n in step if n is not None]
-        return sum(counted) / (self.gamma * len(counted)) if counted and self.gamma else float("nan")
+    def live(self) -> list[bool]:
+        return [not finished(new, self.eos, self.max_new_tokens) for new in self.new]
 
+    def sequence(self, b: int) -> list[int]:
+        return self.prompts[b] + self.new[b]
 
-def _check_batch(model, prompts: list[torch.Tensor], max_new_tokens: int) -> list[list[int]]:
-    if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise ValueError("prompts must be a non-empty list of 1-D token-id tensors, one per row")
-    return [check_request(model, p, max_new_tokens).tolist() for p in prompts]
+    def commit(self, b: int, tokens: list[int], step: Step) -> None:
+        """Append row b's step: its new tokens (cut after EOS and at the limit) and the step's trace."""
+        self.new[b] = cut(self.new[b] + tokens, self.eos, self.max_new_tokens)
+        trace = self.traces[b]
+        trace.steps.append(step)
+        trace.n_generated = len(self.new[b])
+        if not finished(self.new[b], self.eos, self.max_new_tokens):
+            return
+        trace.stop_reason = "eos" if any(t in self.eos for t in self.new[b]) else "max_new_tokens"
+
+    def result(self, prefill_time: float) -> list[Generation]:
+        total = self.clock() - self.t0
+        for trace in self.traces:
+            trace.prefill_time, trace.total_time = prefill_time, total
+        return [Generation(new, trace) for new, trace in zip(self.new, self.traces)]
 
 
 @torch.no_grad()
-def batched_autoregressive_generate(model, prompts: list[torch.Tensor], max_new_tokens: int,
+def batched_autoregressive_generate(model: Target, prompts: list[torch.Tensor], max_new_tokens: int,
                                     sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
-                                    seed: int | None = None, clock=time.perf_counter) -> BatchedGeneration:
+                                    seed: int | None = None, clock=time.perf_counter) -> list[Generation]:
     """The baseline: one forward of B tokens per step. prompts: B tensors (T_b,) of any lengths.
 
     clock: what the timings use; time.thread_time (with one torch thread) is stable on a shared CPU.
     """
-    rows, generator, eos = _check_batch(model, prompts, max_new_tokens), seeded(seed), set(eos_token_ids)
-    t0 = clock()
-    cache = RaggedCache(model, len(rows), max(map(len, rows)) + max_new_tokens)
-    logits = cache.feed(*left_pad(rows))[:, -1]                                        # (B, V)
-    out = BatchedGeneration([[] for _ in rows], prefill_time=clock() - t0)
+    batch = _Batch(model, prompts, max_new_tokens, "batched/autoregressive", eos_token_ids, seed, clock)
+    B = len(batch.prompts)
+    cache = RaggedCache(model, B, max(map(len, batch.prompts)) + max_new_tokens)
+    logits = cache.feed(*left_pad(batch.prompts))[:, -1]                               # (B, V)
+    prefill_time, verify_time = clock() - batch.t0, 0.0
     while True:
-        token = next_token(logits, sampling, generator)                               # (B,)
-        for b, new in enumerate(out.tokens):
-            if not finished(new, eos, max_new_tokens):
-                new.append(int(token[b]))
-        if all(finished(new, eos, max_new_tokens) for new in out.tokens):
-            break
+        token = next_token(logits, sampling, batch.generator)                          # (B,)
+        for b, live in enumerate(batch.live):
+            if live:
+                batch.commit(b, [int(token[b])], Step([], 0, int(token[b]), True, 0.0, verify_time))
+        if not any(batch.live):
+            return batch.result(prefill_time)
         t1 = clock()
-        logits = cache.feed(token[:, None], torch.ones(len(rows), dtype=torch.long))[:, -1]  # (B, V)
-        out.verify_time += clock() - t1
-        out.n_forwards += 1
-    out.tokens = [cut(new, eos, max_new_tokens) for new in out.tokens]
-    out.total_time = clock() - t0
-    return out
+        logits = cache.feed(token[:, None], torch.tensor(batch.live).long())[:, -1]   # (B, V)
+        verify_time = clock() - t1
+
+
+def accept_rows(draft: torch.Tensor, k: torch.Tensor, logits: torch.Tensor, q_draft: torch.Tensor | None,
+                sampling: SamplingConfig, generator: torch.Generator | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's accepted count (B,) and next token (B,) when row b proposed only its first k[b] tokens.
+
+    draft (B, K) is padded past k[b] (any ids), logits (B, K+1, V) are left-aligned, and q_draft
+    (B, K, V) is zero past k[b]: a zero q makes the residual at k[b] the target's p itself, so a row
+    that keeps all k[b] tokens draws its bonus token from p_target[k[b]], as a lone row would.
+    """
+    B, K = draft.shape
+    rows = torch.arange(B)
+    if K == 0:
+        return torch.zeros(B, dtype=torch.long), next_token(logits[:, 0], sampling, generator)
+    if sampling.greedy:
+        acc = kernels.greedy_accept(draft, logits)
+        n = torch.minimum(acc.n_accepted.cpu(), k)                                     # (B,) padding never counts
+        return n, torch.where(n == acc.n_accepted.cpu(), acc.next_token.cpu(), logits[rows, n].argmax(-1))
+    p_target = probs_from_logits(logits, sampling)                                     # (B, K+1, V)
+    u = torch.rand(B, K, generator=generator)                                          # (B, K)
+    acc = kernels.sampled_accept(draft, q_draft, p_target, u)
+    n = torch.minimum(acc.n_accepted.cpu(), k)                                         # (B,)
+    next_probs = torch.where((n < acc.n_accepted.cpu())[:, None], p_target[rows, n], acc.next_probs.cpu())  # (B, V)
+    return n, sample(next_probs, generator)
 
 
 @torch.no_grad()
-def batched_speculative_generate(target, draft, prompts: list[torch.Tensor], max_new_tokens: int, gamma: int = 4,
-                                 sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
-                                 seed: int | None = None, clock=time.perf_counter) -> BatchedGeneration:
-    """Speculative decoding of B prompts with a draft model: every row drafts γ, one target forward verifies all."""
-    if not isinstance(gamma, int) or gamma < 1:
+def batched_speculative_generate(target: Target, drafter: Drafter, prompts: list[torch.Tensor], max_new_tokens: int,
+                                 gamma: int = 4, sampling: SamplingConfig = GREEDY,
+                                 eos_token_ids: tuple[int, ...] = (), seed: int | None = None,
+                                 clock=time.perf_counter) -> list[Generation]:
+    """Speculative decoding of B prompts: every row proposes up to γ tokens, one target forward verifies all."""
+    if not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter must be a labkit Drafter, got {type(drafter).__name__}: wrap a draft model "
+                         "as labkit.drafters.DraftModelDrafter(model)")
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
-    rows, generator, eos = _check_batch(target, prompts, max_new_tokens), seeded(seed), set(eos_token_ids)
-    check_draft_model(target, draft)
-    B, t0 = len(rows), clock()
-    max_len = max(map(len, rows)) + (gamma + 2) * (max_new_tokens + 1)                 # worst case: 1 token a step
-    tgt, drf = RaggedCache(target, B, max_len), RaggedCache(draft, B, max_len)
-    if max(map(len, rows)) > 1:                                                        # caches hold all but the last
-        feed, n_real = left_pad([r[:-1] for r in rows])
-        tgt.feed(feed, n_real), drf.feed(feed, n_real)
-    out = BatchedGeneration([[] for _ in rows], gamma=gamma, prefill_time=clock() - t0)
-    while not all(finished(new, eos, max_new_tokens) for new in out.tokens):
-        seqs = [r + new for r, new in zip(rows, out.tokens)]
-        # 1. Propose: the draft catches up on the committed tokens it has not seen, then drafts γ
+    if drafter.reads_features:
+        raise ValueError(f"the {drafter.name} drafter reads the target's features, which only the tree loop gives: "
+                         "batch a chain drafter (draft model, prompt lookup)")
+    drafter.check_target(target)
+    batch = _Batch(target, prompts, max_new_tokens, f"batched/{drafter.name}", eos_token_ids, seed, clock)
+    B, V = len(batch.prompts), target.vocab_size
+    max_len = max(map(len, batch.prompts)) + (gamma + 2) * (max_new_tokens + 1)       # worst case: 1 token a step
+    cache = RaggedCache(target, B, max_len)                                   # every committed token but the last
+    if max(map(len, batch.prompts)) > 1:
+        cache.feed(*left_pad([p[:-1] for p in batch.prompts]))
+    drafter.start_rows([torch.tensor(p) for p in batch.prompts], max_len)
+    prefill_time = clock() - batch.t0
+    while any(live := batch.live):
+        seqs = [batch.sequence(b) for b in range(B)]
+        k = [min(gamma, max_new_tokens - len(new) - 1) if on else 0 for new, on in zip(batch.new, live)]
+        # 1. Propose: at most k[b] tokens per row (a finished row proposes none)
         t1 = clock()
-        logits = drf.feed(*left_pad([s[int(drf.length[b]):] for b, s in enumerate(seqs)]))[:, -1]  # (B, V)
-        drafted, q_rows = [], []
-        for i in range(gamma):
-            q = probs_from_logits(logits, sampling)                                    # (B, V)
-            x = logits.argmax(-1) if sampling.greedy else sample(q, generator)         # (B,)
-            drafted.append(x), q_rows.append(q)
-            if i < gamma - 1:
-                logits = drf.feed(x[:, None], torch.ones(B, dtype=torch.long))[:, -1]  # (B, V)
-        draft_tokens = torch.stack(drafted, 1)                                         # (B, K)
-        # 2. Verify: one target forward over [last committed token, draft...] for every row
+        proposals = [p.limit(n) for p, n in zip(drafter.propose_rows([torch.tensor(s) for s in seqs], k, sampling,
+                                                                     batch.generator), k)]
+        if not all(p.is_chain for p in proposals):
+            raise ValueError(f"the {drafter.name} drafter proposed a tree: batched decoding verifies chains")
+        k_row = torch.tensor([p.k for p in proposals])                                 # (B,)
+        K = int(k_row.max())
+        draft = torch.zeros(B, K, dtype=torch.long)                                    # (B, K), 0-padded
+        q_draft = None if sampling.greedy else torch.zeros(B, K, V)                    # (B, K, V), 0-padded
+        for b, p in enumerate(proposals):
+            draft[b, :p.k] = p.tokens
+            if q_draft is not None:
+                q_draft[b, :p.k] = p.q_or_one_hot(V)
+        # 2. Verify: one target forward over [last committed token, draft...] of every live row
         t2 = clock()
-        feed = torch.cat([torch.tensor([s[-1] for s in seqs])[:, None], draft_tokens], 1)   # (B, K+1)
-        logits = tgt.feed(feed, torch.full((B,), gamma + 1))                           # (B, K+1, V)
+        feed = [[s[-1]] + p.tokens.tolist() if on else [] for s, p, on in zip(seqs, proposals, live)]
+        tokens, n_real = left_pad(feed)
+        logits = unpad(cache.feed(tokens, n_real), n_real)[:, :K + 1]                 # (B, K+1, V)
         t3 = clock()
-        # 3. Accept: each row's longest agreeing prefix, plus one token of the target's
-        if sampling.greedy:
-            n_accepted, next_tokens = kernels.greedy_accept(draft_tokens, logits)
-        else:
-            u = torch.rand(B, gamma, generator=generator)                              # (B, K)
-            acc = kernels.sampled_accept(draft_tokens, torch.stack(q_rows, 1), probs_from_logits(logits, sampling), u)
-            n_accepted, next_tokens = acc.n_accepted, kernels.sample_next(acc, generator)
+        # 3. Accept: each row's longest agreeing prefix of its own proposal, plus one token of the target's
+        n_accepted, next_tokens = accept_rows(draft, k_row, logits, q_draft, sampling, batch.generator)
+        p_target = logits.log_softmax(-1) if sampling.greedy else probs_from_logits(logits, sampling).log()
         # 4. Commit: extend each live row; roll both caches back to each row's committed tokens but the last
-        step = []
-        for b, new in enumerate(out.tokens):
-            live = not finished(new, eos, max_new_tokens)
-            if live:
-                new += draft_tokens[b, :n_accepted[b]].tolist() + [int(next_tokens[b])]
-                new[:] = cut(new, eos, max_new_tokens)
-            step.append(int(n_accepted[b]) if live else None)
-        held = torch.tensor([len(r) + len(new) - 1 for r, new in zip(rows, out.tokens)])   # (B,)
-        tgt.truncate_rows(torch.minimum(held, tgt.length))
-        drf.truncate_rows(torch.minimum(held, drf.length))
-        out.n_accepted.append(step)
-        out.draft_time += t2 - t1
-        out.verify_time += t3 - t2
-        out.n_forwards += 1
-    out.tokens = [cut(new, eos, max_new_tokens) for new in out.tokens]
-    out.total_time = clock() - t0
-    return out
+        for b, p in enumerate(proposals):
+            if not live[b]:
+                continue
+            n = int(n_accepted[b])
+            step = Step(p.tokens.tolist(), n, int(next_tokens[b]), n == p.k, t2 - t1, t3 - t2,
+                        p_target[b, torch.arange(p.k), p.tokens].exp().tolist(), p.q_token.tolist())
+            batch.commit(b, p.tokens[:n].tolist() + [int(next_tokens[b])], step)
+        n_cached = [len(batch.sequence(b)) - 1 for b in range(B)]
+        cache.truncate_rows(torch.minimum(torch.tensor(n_cached), cache.length))
+        drafter.commit_rows(n_cached)
+    return batch.result(prefill_time)
+
+
+def batch_summary(generations: list[Generation]) -> dict:
+    """What the batch as a whole did: target forwards, acceptance over every row's steps, timings, throughput."""
+    traces = [g.trace for g in generations]
+    longest = max(traces, key=lambda t: t.n_target_forwards)                          # ran in every batch forward
+    proposed = sum(s.gamma for t in traces for s in t.steps)
+    accepted = sum(s.n_accepted for t in traces for s in t.steps)
+    total, prefill = longest.total_time, longest.prefill_time
+    return {"rows": len(traces), "new_tokens": sum(t.n_generated for t in traces),
+            "target_forwards": longest.n_target_forwards,
+            "acceptance_rate": accepted / proposed if proposed else float("nan"),
+            "total_time": total, "prefill_time": prefill, "decode_time": total - prefill,
+            "draft_time": longest.draft_time, "verify_time": longest.verify_time,
+            "tokens_per_second": sum(t.n_generated for t in traces) / total if total else float("nan")}

@@ -16,12 +16,13 @@ the baseline being measured, not a sampler. Tests tie it to `Transformer.forward
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
+from ..core.trace import Step, Trace
 from ..models.kv_cache import KVCache
 from ..models.transformer import Transformer
+from .base import Generation
 
 
 class StaticKVCache(KVCache):
@@ -50,23 +51,11 @@ def static_forward(model: Transformer, cache: StaticKVCache, tokens: torch.Tenso
     return model.lm_head(model.blocks(tokens, cache, positions, mask)).float()       # (B, T, V)
 
 
-@dataclass(frozen=True)
-class DecodeRun:
-    tokens: list[int]            # the generated tokens (greedy), prompt excluded
-    prefill_s: float             # the prompt's forward, which also gives tokens[0]
-    decode_s: float              # wall time of the decode steps (tokens[1:]), synchronised
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Decode steps per second (the prefill's token not counted)."""
-        return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 else float("nan")
-
-
 class StaticDecoder:
     """Greedy decoding through `static_forward`: eager, compiled, and/or replayed as a CUDA graph.
 
         dec = StaticDecoder(model, max_len=1024, compile=True, cuda_graph=True)
-        run = dec.generate(prompt_ids, max_new_tokens=256)     # run.tokens, run.tokens_per_s
+        gen = dec.generate(prompt_ids, max_new_tokens=256)     # gen.tokens, gen.trace.decode_tokens_per_second
 
     compile: torch.compile the one-token step (`compile_backend`, default inductor; "eager" only
     traces it, which is what the CPU tests check); `compile_options` go to inductor, e.g. gpt-fast's
@@ -133,24 +122,29 @@ class StaticDecoder:
         self._graph, self._graph_logits = capture_graph(self._step, warmups=3)  # logits (1, 1, V), refilled by replays
 
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> DecodeRun:
-        """Greedy: the prompt (T,), then `max_new_tokens` tokens, one decode step each."""
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> Generation:
+        """Greedy: the prompt (T,), then `max_new_tokens` tokens, one decode step each (the first comes
+        from the prefill). The trace has a step per token, timed after a device synchronisation."""
         if prompt_ids.numel() + max_new_tokens > self.max_len:
             raise ValueError(f"{prompt_ids.numel()} prompt + {max_new_tokens} new tokens exceed max_len={self.max_len}")
         sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
         if not self._warm:
             self.warmup()
         sync()
+        trace = Trace(method="static", prompt_len=prompt_ids.numel(), stop_reason="max_new_tokens")
         t0 = time.perf_counter()
         token = int(self.prefill(prompt_ids).argmax())
         sync()
-        t1 = time.perf_counter()
-        tokens = [token]
+        trace.prefill_time = time.perf_counter() - t0
+        trace.steps.append(Step([], 0, token, True, 0.0, 0.0))
         for _ in range(max_new_tokens - 1):
+            t1 = time.perf_counter()
             token = int(self.decode_one(token).argmax())   # .item(): one host sync a token, as any decoder has
-            tokens.append(token)
+            trace.steps.append(Step([], 0, token, True, 0.0, time.perf_counter() - t1))
         sync()
-        return DecodeRun(tokens, t1 - t0, time.perf_counter() - t1)
+        trace.total_time = time.perf_counter() - t0
+        trace.n_generated = len(trace.steps)
+        return Generation([s.next_token for s in trace.steps], trace)
 
 
 def capture_graph(fn, warmups: int = 2):
@@ -166,43 +160,3 @@ def capture_graph(fn, warmups: int = 2):
     with torch.cuda.graph(graph):
         out = fn()
     return graph, out
-
-
-_compiled: dict[str, object] = {}
-
-
-def compiled_static_forward():
-    """`static_forward` compiled once with dynamic shapes: one graph for every batch, token count and cache size."""
-    if "fn" not in _compiled:
-        # one graph per model and per size class (dynamo specialises sizes 1 and >1): allow a few models' worth
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 32)
-        _compiled["fn"] = torch.compile(static_forward, dynamic=True, fullgraph=True)
-    return _compiled["fn"]
-
-
-@torch.no_grad()
-def time_forward(model: Transformer, batch: int, tokens: int, context: int, compile: bool = False,
-                 repeats: int = 20) -> float:
-    """CUDA: median seconds of one forward of (batch, tokens) after `context` cached slots, replayed as a CUDA graph.
-
-    What the device takes for the forward, without Python or per-kernel launch costs (compile=True
-    also fuses the small ops, as a tuned server does). The cache's content does not change the
-    cost, so it is left as zeros; each replay rewrites the same slots.
-    """
-    if model.device.type != "cuda":
-        raise ValueError("time_forward replays CUDA graphs: put the model on a CUDA device")
-    a, p = model.args, model.embed_tokens.weight
-    cache = StaticKVCache(a.n_layers, batch, a.n_kv_heads, context + tokens, a.head_dim, p.dtype, p.device)
-    cache.slots = torch.arange(context, context + tokens, device=p.device)           # (T,)
-    feed = torch.randint(0, model.vocab_size, (batch, tokens), device=p.device)      # (B, T)
-    forward = compiled_static_forward() if compile else static_forward
-    graph, _ = capture_graph(lambda: forward(model, cache, feed))
-    runs = []
-    for _ in range(repeats + 1):                                                     # the first replay warms up
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        runs.append(start.elapsed_time(end) / 1e3)
-    return sorted(runs[1:])[len(runs[1:]) // 2]

@@ -26,10 +26,13 @@ from ..core.tree_acceptance import (
     greedy_tree_accept,
     tree_speculative_accept,
 )
+from ..core.tree_budget import CostAwareBudget, FixedBudget
 from ..drafters.base import Drafter, Proposal
 from ..models.target import TreeTarget, as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation
+
+Budget = FixedBudget | CostAwareBudget
 
 # An acceptance rule other than the exact ones (Medusa's typical acceptance): (tree, node tokens, logits) -> acceptance
 AcceptRule = Callable[[Tree, torch.Tensor, torch.Tensor], TreeAcceptance]
@@ -39,16 +42,16 @@ class TreeDecoder(Decoder):
     """One sequence decoded with a tree drafter; each `step()` is one target forward over a tree."""
 
     def __init__(self, target: Transformer | TreeTarget, drafter: Drafter, prompt_ids: torch.Tensor,
-                 max_new_tokens: int, budget: int = 32, sampling: SamplingConfig = GREEDY,
+                 max_new_tokens: int, budget: int | Budget = 32, sampling: SamplingConfig = GREEDY,
                  eos_token_ids: tuple[int, ...] = (), seed: int | None = None, accept_rule: AcceptRule | None = None):
-        if not isinstance(budget, int) or budget < 1:
-            raise ValueError(f"budget (tree nodes per step) must be an integer >= 1, got {budget!r}")
+        """budget: tree nodes per step, or a policy choosing them each step (core.tree_budget.CostAwareBudget)."""
+        policy = budget if isinstance(budget, (FixedBudget, CostAwareBudget)) else FixedBudget(budget)
         if accept_rule is not None and not sampling.greedy:
             raise ValueError("a custom accept_rule (typical acceptance) replaces sampling: use temperature 0 with it")
         target = as_tree_target(target)
         self.begin(target, prompt_ids, max_new_tokens, f"tree/{drafter.name}", eos_token_ids, seed)
         drafter.check_target(target)
-        self.target, self.drafter, self.budget = target, drafter, budget
+        self.target, self.drafter, self.budget = target, drafter, policy
         self.sampling, self.accept_rule = sampling, accept_rule
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -63,7 +66,7 @@ class TreeDecoder(Decoder):
     def step(self) -> Step:
         """propose a tree -> verify it -> accept a path -> commit and compact, once."""
         n_cached = self.cache.length
-        budget = min(self.budget, self.max_new_tokens - self.trace.n_generated - 1, self.cache.room() - 1)
+        budget = min(self.budget.budget(), self.max_new_tokens - self.trace.n_generated - 1, self.cache.room() - 1)
         # 1. Propose: a tree of candidate continuations
         t0 = time.perf_counter()
         proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator) \
@@ -98,11 +101,12 @@ class TreeDecoder(Decoder):
                     p_target[parent_rows, nodes].tolist(),
                     proposal.q_token.tolist(),
                     parents=tree.parents.tolist(), path=acc.path)
+        self.budget.update(step)
         return self._record(step, new_tokens, t0)
 
 
 def tree_generate(target: Transformer | TreeTarget, drafter: Drafter, prompt_ids: torch.Tensor, max_new_tokens: int,
-                  budget: int = 32, sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
+                  budget: int | Budget = 32, sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
                   seed: int | None = None, accept_rule: AcceptRule | None = None) -> Generation:
     """Decode up to max_new_tokens after prompt_ids (T,) with a tree drafter proposing up to `budget` nodes a step."""
     return TreeDecoder(target, drafter, prompt_ids, max_new_tokens, budget, sampling, eos_token_ids, seed,

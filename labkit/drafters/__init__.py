@@ -2,6 +2,8 @@
 
     draft_model    a small model of the same tokenizer (Leviathan 2023)
     prompt_lookup  n-gram copying from the context (no model)
+    suffix         suffix decoding: a tree of the likeliest continuations from a suffix trie (no model)
+    layer_skip     the target drafting for itself with some layers skipped (layers searched on this machine)
     medusa         Medusa-1 heads on the target's features, a static top-k tree
     eagle          an EAGLE feature-level head, EAGLE-2 dynamic trees
     mtp, mtp_tree  multi-token heads drafting for their own model (Gloeckle, DeepSeek-V3)
@@ -9,5 +11,6 @@
 from .base import Drafter, Proposal
 from .draft_model import DraftModelDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .suffix import SuffixDrafter
 
-__all__ = ["Drafter", "Proposal", "DraftModelDrafter", "PromptLookupDrafter"]
+__all__ = ["Drafter", "Proposal", "DraftModelDrafter", "PromptLookupDrafter", "SuffixDrafter"]

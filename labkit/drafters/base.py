@@ -14,9 +14,15 @@ chains. The decoding loops (labkit.decoding) call, per sequence:
 A drafter with state (a KV cache) drops what was rejected in `commit`. A drafter that reads the
 target's features (Medusa, EAGLE) says so with `reads_features`: only the tree loop, which runs
 labkit's own model, can give them. The drafter sees token ids, never text.
+
+The batched loop (labkit.decoding.batched) decodes B sequences at once and calls the same three
+steps for all rows: `start_rows`, `propose_rows`, `commit_rows`. By default they keep one copy of
+the drafter per row and call the one-sequence methods; a drafter that drafts every row in one
+forward (the draft model) overrides them.
 """
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -88,3 +94,23 @@ class Drafter(ABC):
     def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
         """The target kept the first `n_cached` tokens; forget state beyond them. `features` (m, F): the
         target's features of the m positions this step added to its cache (None outside the tree loop)."""
+
+    # B sequences at once (labkit.decoding.batched): the default keeps one copy of this drafter per row.
+
+    def start_rows(self, prompts: list[torch.Tensor], max_len: int) -> None:
+        """B new sequences: `prompts`, B tensors (T_b,); `max_len`: the most tokens a row's state may hold."""
+        self.__dict__.pop("_rows", None)                 # copies must not carry an earlier batch's rows
+        self._rows = [copy.copy(self) for _ in prompts]
+        for row, prompt in zip(self._rows, prompts):
+            row.start(prompt)
+
+    def propose_rows(self, rows: list[torch.Tensor], k: list[int], sampling: SamplingConfig,
+                     generator: torch.Generator | None = None) -> list[Proposal]:
+        """Row b's proposal of at most k[b] nodes after its committed tokens rows[b] (N_b,); k[b] = 0: none."""
+        return [drafter.propose(tokens, n, sampling, generator) if n > 0 else Proposal.empty(tokens)
+                for drafter, tokens, n in zip(self._rows, rows, k)]
+
+    def commit_rows(self, n_cached: list[int]) -> None:
+        """The target's cache now holds row b's first n_cached[b] committed tokens."""
+        for drafter, n in zip(self._rows, n_cached):
+            drafter.commit(n)

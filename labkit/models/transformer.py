@@ -136,6 +136,20 @@ def chain_mask(n_cached: int, n_new: int, device=None) -> torch.Tensor:
     return slots[None, :] <= (n_cached + torch.arange(n_new, device=device))[:, None]
 
 
+def positions_and_mask(tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor | None,
+                       mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The defaults of a forward of tokens (B, T) after the cache: positions cache.length + arange(T), a causal
+    mask (None for one token, which sees everything); a clear error when the cache has no room for them."""
+    B, T = tokens.shape
+    if cache.length + T > cache.max_len:
+        raise ValueError(f"{cache.length} cached + {T} new tokens exceed the context of {cache.max_len}")
+    if positions is None:
+        positions = (cache.length + torch.arange(T, device=tokens.device)).expand(B, T)
+    if mask is None and T > 1:
+        mask = chain_mask(cache.length, T, tokens.device)
+    return positions, mask
+
+
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -178,15 +192,9 @@ class Transformer(nn.Module):
         positions: (B, T) RoPE positions, default cache.length + arange(T) (a tree passes depths).
         mask: bool (T, S) or (B, 1, T, S) over the S = cache.length + T slots, default causal.
         """
-        B, T = tokens.shape
-        if cache.length + T > cache.max_len:
-            raise ValueError(f"{cache.length} cached + {T} new tokens exceed the context of {cache.max_len}")
-        if positions is None:
-            positions = (cache.length + torch.arange(T, device=tokens.device)).expand(B, T)
-        if mask is None and T > 1:
-            mask = chain_mask(cache.length, T, tokens.device)
+        positions, mask = positions_and_mask(tokens, cache, positions, mask)
         h = self.blocks(tokens, cache, positions, mask)                                 # (B, T, D)
-        cache.advance(T)
+        cache.advance(tokens.shape[1])
         return h
 
     def blocks(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor,
