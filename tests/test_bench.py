@@ -86,6 +86,13 @@ def test_llama_cpp_methods_only_where_it_is_built(tmp_path, monkeypatch):
     assert "llama-cpp" not in default_methods("some/hub-model"), "llama.cpp reads the presets' GGUF files"
 
 
+def test_the_draft_with_another_tokenizer_runs_for_other_presets_only():
+    qwen = default_methods("qwen2.5-coder-1.5b-instruct")
+    assert {"cross-tokenizer", "hf-assisted-uag"} <= set(qwen)
+    assert "cross-tokenizer" not in default_methods("smollm2-135m-instruct")     # it is that draft itself
+    assert "cross-tokenizer" not in default_methods("some/hub-model")
+
+
 def test_a_results_line_that_is_not_a_record_is_an_error(tmp_path):
     from labkit.bench.runner import read_results
     f = tmp_path / "results.jsonl"

@@ -90,3 +90,16 @@ def test_suffix_decoding_is_exact_and_copies_on_the_real_target(setup):
     assert out.trace.tokens_per_forward > 1.5, out.trace.summary()
     result = METHODS["suffix"].build(Models(target), N, 4, 10)(ids)
     assert result.tokens == plain.tokens and result.target_forwards == out.trace.n_target_forwards
+
+
+def test_a_draft_with_another_tokenizer_is_exact_on_the_real_target(setup):
+    """SmolLM2-135M (49,152 tokens of its own) drafts for the Qwen2.5 target (151,936) through text."""
+    from labkit.decoding.speculative import speculative_generate
+    from labkit.drafters.cross_tokenizer import CrossTokenizerDrafter
+    target, ids, plain = setup
+    draft = load_model("smollm2-135m-instruct", "fp32", progress=False)
+    assert draft.model.vocab_size != target.model.vocab_size
+    drafter = CrossTokenizerDrafter(draft.model, draft.tokenizer, target.tokenizer)
+    out = speculative_generate(target.model, drafter, ids, N, gamma=4, eos_token_ids=target.eos_token_ids)
+    assert out.tokens == plain.tokens
+    assert out.trace.tokens_per_forward > 1.2, out.trace.summary()      # its code drafts are often right

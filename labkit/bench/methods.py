@@ -45,13 +45,15 @@ class Models:
     hf_draft: torch.nn.Module | None = None
     timers: dict = field(default_factory=dict)   # hf module -> ForwardTimer
     draft_name: str | None = None        # the draft preset, for peers that load it themselves (llama.cpp)
+    cross_draft: object | None = None    # loading.LoadedModel of CROSS_DRAFT: a draft with its own tokenizer
+    hf_cross: torch.nn.Module | None = None
 
 
 @dataclass(frozen=True)
 class Method:
     name: str                            # the key on the command line and in the results
     label: str                           # what tables and plots call it
-    needs: frozenset                     # of "draft", "hf", "hf_draft"
+    needs: frozenset                     # of "draft", "hf", "hf_draft", "heads", "llama-cpp", "cross_draft", "hf_cross"
     build: Callable                      # (Models, max_new_tokens, gamma, lookup_tokens) -> run(prompt_ids)
     reference: str = BASELINE            # the plain decoder of its own stack (exact methods must equal it)
     exact: bool = True                   # greedy output equals plain greedy decoding (in exact arithmetic)
@@ -79,6 +81,14 @@ def _speculative(drafter: Callable[[Models], object], policy: Callable[[int], in
 
 def _draft_model(m: Models):
     return DraftModelDrafter(m.draft.model, eos_token_ids=m.target.eos_token_ids)
+
+
+CROSS_DRAFT = "smollm2-135m-instruct"         # a draft with a tokenizer of its own (49,152 tokens)
+
+
+def _cross_tokenizer(m: Models):
+    from ..drafters.cross_tokenizer import CrossTokenizerDrafter
+    return CrossTokenizerDrafter(m.cross_draft.model, m.cross_draft.tokenizer, m.target.tokenizer)
 
 
 def _lookup(m: Models):
@@ -200,13 +210,18 @@ def _timer(m: Models, module) -> ForwardTimer:
     return m.timers[module]
 
 
-def _transformers(assisted: bool = False, lookup: bool = False):
+def _transformers(assisted: bool = False, lookup: bool = False, cross: bool = False):
+    """transformers' generate: plain, with the draft (`assisted`), with the draft of another tokenizer
+    (`cross`: its universal assisted generation), or with prompt lookup."""
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
         eos = list(m.target.eos_token_ids)
         target_timer = _timer(m, m.hf_target)
-        draft_timer = _timer(m, m.hf_draft) if assisted else None
-        extra = {"assistant_model": m.hf_draft} if assisted else {"prompt_lookup_num_tokens": lookup_tokens} \
-            if lookup else {}
+        assisted_ = assisted or cross
+        draft_timer = _timer(m, m.hf_cross if cross else m.hf_draft) if assisted_ else None
+        extra = ({"assistant_model": m.hf_cross, "tokenizer": m.target.tokenizer,
+                  "assistant_tokenizer": m.cross_draft.tokenizer} if cross else
+                 {"assistant_model": m.hf_draft} if assisted else
+                 {"prompt_lookup_num_tokens": lookup_tokens} if lookup else {})
 
         @torch.no_grad()
         def run(ids: torch.Tensor) -> MethodResult:
@@ -216,7 +231,7 @@ def _transformers(assisted: bool = False, lookup: bool = False):
             out = m.hf_target.generate(ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=n,
                                        do_sample=False, eos_token_id=eos, pad_token_id=eos[0], **extra)  # (1, T+n)
             return MethodResult(out[0, ids.numel():].tolist(), target_timer.calls,
-                                draft_timer.seconds if assisted else (None if lookup else 0.0), target_timer.seconds)
+                                draft_timer.seconds if assisted_ else (None if lookup else 0.0), target_timer.seconds)
         return run
     return build
 
@@ -226,6 +241,7 @@ def _transformers(assisted: bool = False, lookup: bool = False):
 MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET, SUFFIX_BUDGET = 32, 8, 6, 32, 24
 _D, _HF, _HFD, _H = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"}), frozenset({"heads"})
 _LC = frozenset({"llama-cpp"})
+_X, _HFX = frozenset({"cross_draft"}), frozenset({"hf", "hf_cross", "cross_draft"})
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("ar", "labkit autoregressive", frozenset(), _autoregressive),
     Method("draft", "labkit draft model, γ={gamma}", _D, _speculative(_draft_model, lambda g: g)),
@@ -234,6 +250,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _speculative(_lookup, lambda g: g)),
     Method("lookup-cost-aware", "labkit prompt lookup, cost-aware γ", frozenset(),
            _speculative(_lookup, CostAwareGamma)),
+    Method("cross-tokenizer", "labkit draft with another tokenizer (SmolLM2-135M), γ={gamma}", _X,
+           _speculative(_cross_tokenizer, lambda g: g)),
     Method("layer-skip", "labkit layer-skip self-speculation (layers, γ searched here)", frozenset(), _layer_skip),
     Method("suffix", "labkit suffix decoding (this request)", frozenset(), _tree(_suffix(False), SUFFIX_BUDGET),
            tree=True),
@@ -248,6 +266,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), budget=EAGLE_BUDGET), tree=True),
     Method("hf-generate", "transformers generate", _HF, _transformers(), PEER_BASELINE),
     Method("hf-assisted", "transformers assisted", _HFD, _transformers(assisted=True), PEER_BASELINE),
+    Method("hf-assisted-uag", "transformers assisted, another tokenizer (SmolLM2-135M)", _HFX,
+           _transformers(cross=True), PEER_BASELINE),
     Method("hf-lookup", "transformers prompt lookup, {lookup_tokens} tokens", _HF, _transformers(lookup=True),
            PEER_BASELINE),
     Method("llama-cpp", "llama.cpp autoregressive (Q4_K_M)", _LC, _llama_cpp(), LLAMA_BASELINE),
@@ -258,11 +278,13 @@ METHODS: dict[str, Method] = {m.name: m for m in [
 
 def default_methods(target: str) -> list[str]:
     """Every method that runs on `target`: the trained-head methods only on the target they were trained on,
-    llama.cpp's where it is built and the target is a preset (it reads the preset's GGUF)."""
+    llama.cpp's where it is built and the target is a preset (it reads the preset's GGUF), the draft with another
+    tokenizer for the presets other than that draft itself."""
     from ..models.hub import PRESETS
     from .llama_cpp import available
     return [n for n, m in METHODS.items() if ("heads" not in m.needs or target == HEADS_TARGET)
-            and ("llama-cpp" not in m.needs or (target in PRESETS and available()))]
+            and ("llama-cpp" not in m.needs or (target in PRESETS and available()))
+            and ("cross_draft" not in m.needs or (target in PRESETS and target != CROSS_DRAFT))]
 
 
 def check_methods(names: list[str]) -> list[str]:

@@ -18,7 +18,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .methods import METHODS, Models, check_methods, check_target, default_methods
+from .methods import (
+    CROSS_DRAFT,
+    METHODS,
+    Models,
+    check_methods,
+    check_target,
+    default_methods,
+)
 from .questions import Question, read_questions
 
 RESULTS = "results.jsonl"
@@ -113,7 +120,10 @@ def load_models(config: BenchConfig, progress: bool = True) -> Models:
     if "draft" in needs:
         models.draft = load_draft(config.draft, models.target, config.draft_precision, config.backend,
                                   progress=progress)
-    if needs & {"hf", "hf_draft"}:
+    if "cross_draft" in needs:
+        models.cross_draft = load_model(CROSS_DRAFT, config.dtype, config.backend, device=config.device,
+                                        progress=progress)
+    if needs & {"hf", "hf_draft", "hf_cross"}:
         from transformers import AutoModelForCausalLM
 
         def hf(name):
@@ -121,6 +131,7 @@ def load_models(config: BenchConfig, progress: bool = True) -> Models:
             return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[config.dtype]).eval()
         models.hf_target = hf(config.target)
         models.hf_draft = hf(config.draft) if "hf_draft" in needs else None
+        models.hf_cross = hf(CROSS_DRAFT) if "hf_cross" in needs else None
     return models
 
 

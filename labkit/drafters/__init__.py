@@ -4,6 +4,7 @@
     prompt_lookup  n-gram copying from the context (no model)
     suffix         suffix decoding: a tree of the likeliest continuations from a suffix trie (no model)
     layer_skip     the target drafting for itself with some layers skipped (layers searched on this machine)
+    cross_tokenizer  a draft model with another tokenizer, drafting through text
     medusa         Medusa-1 heads on the target's features, a static top-k tree
     eagle          an EAGLE feature-level head, EAGLE-2 dynamic trees
     mtp, mtp_tree  multi-token heads drafting for their own model (Gloeckle, DeepSeek-V3)

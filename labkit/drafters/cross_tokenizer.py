@@ -1,0 +1,100 @@
+"""A draft model with another tokenizer: drafts are passed between the two as text.
+
+Universal assisted generation (transformers' `assistant_tokenizer=`, 2024): the draft need
+not share the target's vocabulary. A token id means nothing across tokenizers (id 1234 is one
+string in Qwen2.5's vocabulary and another in SmolLM2's), so the committed target tokens are
+decoded to text and encoded with the draft's tokenizer; the draft continues that text in its
+own tokens; its new text is encoded with the target's tokenizer, and those target tokens are
+the proposal. The target verifies them as any chain (deterministic drafts: rejection sampling
+treats each as a one-hot q, which keeps the target's distribution exactly).
+
+Two alignments need care:
+- the draft's cache: the committed text is encoded again each step and only the tokens past
+  the longest prefix it shares with what the cache holds are fed (a re-encoding can change
+  the last few draft tokens when the text grows);
+- the proposal: the draft's text is encoded together with the last few committed target
+  tokens' text, and proposed only when that encoding starts with those committed tokens (a
+  draft text that merges with the committed tail into another token cannot be proposed as
+  a continuation; that step proposes fewer tokens or none).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core.sampling import SamplingConfig, draw
+from .base import Drafter, Proposal
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class CrossTokenizerDrafter(Drafter):
+    """A draft model with its own tokenizer, drafting for a target through text (no shared vocabulary needed)."""
+    name = "cross-tokenizer"
+
+    def __init__(self, draft_model, draft_tokenizer, target_tokenizer, window: int = 8,
+                 draft_factor: float = 1.5):
+        """window: committed target tokens re-encoded with the draft's text; draft_factor: draft tokens per
+        target token asked for (a draft token may be shorter than a target token)."""
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window (committed target tokens re-encoded with the draft) must be >= 1, got {window!r}")
+        self.model, self.draft_tok, self.target_tok = draft_model, draft_tokenizer, target_tokenizer
+        self.window, self.draft_factor = window, draft_factor
+        self.cache, self.cached_ids = None, []
+
+    def check_target(self, target) -> None:
+        n = len(self.target_tok)
+        if n > target.vocab_size:
+            raise ValueError(f"the target tokenizer has {n} tokens but the target's vocabulary {target.vocab_size}: "
+                             "pass the target's own tokenizer as target_tokenizer")
+        if len(self.draft_tok) > self.model.vocab_size:
+            raise ValueError(f"the draft tokenizer has {len(self.draft_tok)} tokens but the draft model's vocabulary "
+                             f"{self.model.vocab_size}: pass the draft model's own tokenizer as draft_tokenizer")
+
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        self.cache, self.cached_ids = self.model.new_cache(), []
+
+    def _encode_draft(self, text: str) -> list[int]:
+        return self.draft_tok(text, add_special_tokens=False)["input_ids"]
+
+    @torch.no_grad()
+    def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None = None) -> Proposal:
+        if self.cache is None:
+            raise ValueError("call start(prompt_ids) before propose")
+        if k == 0:
+            return Proposal.empty(tokens)
+        committed = tokens.tolist()
+        # 1. the committed text in the draft's tokens; feed what the draft's cache does not hold yet
+        draft_ids = self._encode_draft(self.target_tok.decode(committed))
+        keep = min(common_prefix(self.cached_ids, draft_ids), len(draft_ids) - 1)   # feed at least one token
+        self.cache.truncate(keep)
+        device = self.model.device
+        logits = self.model(torch.tensor([draft_ids[keep:]], device=device), self.cache, num_logits=1)[0, -1].cpu()
+        self.cached_ids = list(draft_ids)
+        # 2. the draft continues in its own tokens (its cache rolls back to the committed text next step)
+        drafted = []
+        for i in range(max(1, round(k * self.draft_factor))):
+            x, _ = draw(logits, sampling, generator)                                     # (), (V,)
+            drafted.append(int(x))
+            if i + 1 < round(k * self.draft_factor):
+                logits = self.model(x.view(1, 1).to(device), self.cache)[0, -1].cpu()   # (V,)
+        self.cached_ids += drafted[:-1]
+        # 3. its text in the target's tokens, after the committed tail it must not merge with
+        tail = committed[-self.window:]
+        encoded = self.target_tok(self.target_tok.decode(tail) + self.draft_tok.decode(drafted),
+                                  add_special_tokens=False)["input_ids"]
+        if encoded[: len(tail)] != tail:
+            return Proposal.empty(tokens)
+        proposal = torch.tensor(encoded[len(tail): len(tail) + k], dtype=torch.long)
+        return Proposal(proposal) if proposal.numel() else Proposal.empty(tokens)
+
+    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
+        pass            # the next propose re-aligns the draft's cache with the committed text
