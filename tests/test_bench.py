@@ -8,7 +8,14 @@ from conftest import save_tiny_checkpoint, tiny_tokenizer
 from labkit.bench import BenchConfig, read_questions, run_bench
 from labkit.bench.methods import METHODS, check_methods, default_methods
 from labkit.bench.questions import QuestionFileError
-from labkit.bench.report import aggregate, first_difference, ideal_speedup, load_run
+from labkit.bench.report import (
+    ORACLE,
+    aggregate,
+    first_difference,
+    ideal_speedup,
+    load_run,
+    oracle_picks,
+)
 from labkit.bench.runner import read_results
 from labkit.cli import main
 from labkit.core.adaptive import expected_speedup
@@ -36,6 +43,18 @@ def test_shipped_question_files():
     per_category = {c: sum(q.category == c for q in qs) for c in {q.category for q in qs}}
     assert len(per_category) == 7 and min(per_category.values()) >= 3
     assert len(read_questions("data/questions/tiny.jsonl")) == 2
+    edits = read_questions("data/questions/code_edit.jsonl")
+    assert len(edits) == 8 and all(q.category == "code-edit" and len(q.earlier) == 1 for q in edits)
+    assert all("```" in q.earlier[0][1] and "Return the whole" in q.prompt for q in edits)   # code, then its edit
+
+
+def test_a_question_with_answers_is_a_conversation_ending_with_its_last_turn(tmp_path):
+    line = {"question_id": "e", "category": "code-edit", "turns": ["Write f.", "Rename it."], "answers": ["def f(): 1"]}
+    q = read_questions(write_lines(tmp_path / "q.jsonl", line))[0]
+    assert q.prompt == "Rename it." and [m["role"] for m in q.messages] == ["user", "assistant", "user"]
+    plain = read_questions(write_lines(tmp_path / "p.jsonl", Q1))[0]
+    assert plain.prompt == "def f(x):" and len(plain.messages) == 1       # Spec-Bench: the first turn only
+    assert q.sha != read_questions(write_lines(tmp_path / "r.jsonl", {**line, "answers": ["def f(): 2"]}))[0].sha
 
 
 @pytest.mark.parametrize("line, message", [
@@ -45,6 +64,8 @@ def test_shipped_question_files():
     ('{"question_id": 1, "category": "qa", "turns": []}', "turns must be a non-empty list"),
     ('{"question_id": 1, "category": "qa", "turns": ["  "]}', "turns must be a non-empty list"),
     ('{"question_id": 1, "category": "", "turns": ["x"]}', "category must be a non-empty string"),
+    ('{"question_id": 1, "category": "c", "turns": ["x", "y"], "answers": []}', "answers to every turn but the last"),
+    ('{"question_id": 1, "category": "c", "turns": ["x", "y"], "answers": [" "]}', "1 non-empty strings for 2"),
 ])
 def test_bad_question_lines_name_line_and_fix(tmp_path, line, message):
     with pytest.raises(QuestionFileError, match=message):
@@ -150,6 +171,26 @@ def test_speedup_over_the_methods_own_plain_decoder():
     assert row["c1", "draft"].speedup_over_reference == pytest.approx(4.0) == row["c1", "draft"].speedup
     without_own = aggregate([r for r in records if r["method"] != "hf-generate"])[0]
     assert {(r.method, r.speedup_over_reference) for r in without_own if r.category == "c1"} >= {("hf-assisted", None)}
+
+
+def test_oracle_row_takes_the_fastest_labkit_method_per_question():
+    records = [record("q1", "c1", "ar", [1, 2, 3, 4], 2.0, 4, AR_STEPS),
+               record("q1", "c1", "draft", [1, 2, 3, 4], 1.0, 2, [[3, 3, 1, 0.03, 0.12]]),
+               record("q1", "c1", "lookup", [1, 2, 3, 4], 0.5, 2, [[3, 3, 1, 0.0, 0.12]]),
+               record("q1", "c1", "hf-generate", [1, 2, 3, 4], 0.1, 4, None, reference="hf-generate"),
+               record("q2", "c2", "ar", [1, 2, 3, 4], 1.0, 4, AR_STEPS),
+               record("q2", "c2", "draft", [1, 2, 9, 9], 0.4, 1, [[3, 2, 0, 0.03, 0.12]]),
+               record("q2", "c2", "lookup", [1, 2, 3, 4], 2.0, 4, [[0, 0, 1, 0.0, 0.1]]),
+               record("q2", "c2", "hf-generate", [1, 2, 3, 4], 0.1, 4, None, reference="hf-generate")]
+    row = {(r.category, r.method): r for r in aggregate(records)[0]}
+    oracle = row["all", ORACLE]
+    # q1: lookup's 0.5 s, q2: draft's 0.4 s (another stack's faster generate does not count)
+    assert oracle.tokens_per_second == pytest.approx(8 / 0.9) and oracle.speedup == pytest.approx(3.0 / 0.9)
+    assert oracle.questions == 2 and oracle.same_as_baseline == 1          # q2's fastest parted from AR
+    assert row["c2", ORACLE].speedup == pytest.approx(1.0 / 0.4)
+    assert oracle_picks(records) == {"lookup": 1, "draft": 1}
+    only_ar = [r for r in records if r["method"] == "ar"]
+    assert ORACLE not in {r.method for r in aggregate(only_ar)[0]}        # no choice, no oracle
 
 
 def test_first_difference_and_ideal_edge_cases():

@@ -6,7 +6,12 @@ import torch
 from conftest import perturbed, tiny_model, tiny_tokenizer
 
 from labkit import SpeculativeDecoder, autoregressive_generate, speculative_generate
-from labkit.drafters.cross_tokenizer import CrossTokenizerDrafter, common_prefix
+from labkit.drafters.cross_tokenizer import (
+    CrossTokenizerDrafter,
+    TokenIntersectionDrafter,
+    common_prefix,
+    shared_vocabulary,
+)
 
 PROMPTS = ["def add(a, b):", "The cat sat on the mat. The cat", "x = [1, 2, 3]"]
 
@@ -75,14 +80,17 @@ def test_the_same_model_under_shuffled_ids_drafts_perfectly_through_text(pair):
 
 
 @pytest.mark.parametrize("text", PROMPTS)
-def test_a_draft_that_cuts_text_differently_keeps_greedy_exact(pair, text):
+@pytest.mark.parametrize("make", [CrossTokenizerDrafter, TokenIntersectionDrafter], ids=["text", "intersection"])
+def test_a_draft_that_cuts_text_differently_keeps_greedy_exact(pair, text, make):
     target, target_tok = pair
     draft_tok = merging(target_tok)
     draft = tiny_model(seed=5, vocab_size=len(draft_tok))
     prompt = encode(target_tok, text)
-    out = speculative_generate(target, CrossTokenizerDrafter(draft, draft_tok, target_tok), prompt, 24, gamma=4)
+    out = speculative_generate(target, make(draft, draft_tok, target_tok), prompt, 24, gamma=4)
     assert out.tokens == autoregressive_generate(target, prompt, 24).tokens
     assert any(s.proposed for s in out.trace.steps)                       # the draft's text did become proposals
+    if make is TokenIntersectionDrafter:                                  # one target token per draft token, always
+        assert all(s.proposed for s in out.trace.steps[:-1])
 
 
 def test_proposals_are_the_drafts_text_in_target_tokens(pair):
@@ -124,35 +132,106 @@ def letters():
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
-def cross_counts(target, cfg):
+def cross_counts(target, cfg, kind: str = "text"):
+    """Counts of the first two tokens over many seeds, drafting through text (another model under shuffled ids,
+    which the target often agrees with) or with the shared tokens only (the target, perturbed, plus two tokens
+    the target's vocabulary lacks)."""
     from test_sampling_heads import first_two_counts
     target_tok = letters()
-    draft_tok, new_id = permuted(target_tok, seed=1)
-    draft = perturbed(target, scale=0.5)                  # another model, which the target often agrees with ...
-    with torch.no_grad():                                 # ... under shuffled ids
-        draft.embed_tokens.weight[torch.tensor([new_id[t] for t in range(8)])] = draft.embed_tokens.weight.clone()
-    return first_two_counts(lambda seed: SpeculativeDecoder(target, CrossTokenizerDrafter(draft, draft_tok, target_tok),
+    with torch.no_grad():
+        if kind == "text":
+            draft_tok, new_id = permuted(target_tok, seed=1)
+            draft = perturbed(target, scale=0.5)
+            draft.embed_tokens.weight[torch.tensor([new_id[t] for t in range(8)])] = draft.embed_tokens.weight.clone()
+        else:
+            draft_tok, draft, source = letters_with_merges(), tiny_model(seed=3, vocab_size=10, std=0.2), perturbed(
+                target, scale=0.5)
+            for name, tensor in source.state_dict().items():
+                mine = draft.state_dict()[name]
+                mine[: tensor.shape[0]].copy_(tensor) if mine.shape != tensor.shape else mine.copy_(tensor)
+    make = CrossTokenizerDrafter if kind == "text" else TokenIntersectionDrafter
+    return first_two_counts(lambda seed: SpeculativeDecoder(target, make(draft, draft_tok, target_tok),
                                                             torch.tensor([1, 4, 2, 7, 3]), 8, gamma=2, sampling=cfg,
                                                             seed=seed))
 
 
 @pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("kind", ["text", "intersection"])
 @pytest.mark.parametrize("cfg", ["t1", "warped"])
-def test_sampled_cross_tokenizer_decoding_matches_the_targets_sampling(cfg):
+def test_sampled_cross_tokenizer_decoding_matches_the_targets_sampling(cfg, kind):
     from test_sampling_heads import T1, WARPED, chi2_pvalue, exact_joint
     cfg = {"t1": T1, "warped": WARPED}[cfg]
     target = tiny_model(seed=3, vocab_size=8, std=0.2)
-    counts, accepted = cross_counts(target, cfg)
+    counts, accepted = cross_counts(target, cfg, kind)
     assert accepted > 500, "the draft's text should often be accepted, or the test checks only resampling"
     assert chi2_pvalue(counts, exact_joint(target, cfg)) > 1e-3
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_a_broken_chain_rule_fails_the_cross_tokenizer_test(monkeypatch):
+@pytest.mark.parametrize("kind", ["text", "intersection"])
+def test_a_broken_chain_rule_fails_the_cross_tokenizer_test(monkeypatch, kind):
     import sys
 
     from test_sampling_heads import T1, chain_always_accepts, chi2_pvalue, exact_joint
     monkeypatch.setattr(sys.modules[SpeculativeDecoder.__module__], "speculative_accept", chain_always_accepts)
     target = tiny_model(seed=3, vocab_size=8, std=0.2)
-    counts, _ = cross_counts(target, T1)
+    counts, _ = cross_counts(target, T1, kind)
     assert chi2_pvalue(counts, exact_joint(target, T1)) < 1e-6
+
+
+# --- the token-level intersection (Timor et al.): draft only the tokens both vocabularies hold -------------
+
+def letters_with_merges():
+    """The eight letters of `letters()` (same ids) plus "ab" and "cd", which the target's vocabulary lacks."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {**{c: i for i, c in enumerate("abcdefgh")}, "ab": 8, "cd": 9}
+    tok = Tokenizer(models.BPE(vocab, [("a", "b"), ("c", "d")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_shared_vocabulary_pairs_ids_by_string(pair):
+    _, target_tok = pair
+    draft_tok, new_id = permuted(target_tok)
+    draft_ids, target_ids = shared_vocabulary(draft_tok, target_tok)
+    assert len(draft_ids) == len(target_tok)
+    assert all(new_id[int(t)] == int(d) for d, t in zip(draft_ids, target_ids))
+    d, t = shared_vocabulary(letters_with_merges(), letters())
+    assert d.tolist() == t.tolist() == list(range(8))                       # "ab" and "cd" are not shared
+
+
+def test_intersection_drafts_only_shared_tokens_with_a_true_q(pair):
+    target = tiny_model(seed=3, vocab_size=8, std=0.2)
+    draft_tok = letters_with_merges()
+    draft = tiny_model(seed=6, vocab_size=10, std=0.5)
+    with torch.no_grad():
+        best = draft(torch.tensor([[1, 4, 2, 7, 3]]), draft.new_cache(max_len=16))[0, -1].argmax()
+        draft.lm_head.weight[8:] = 3 * draft.lm_head.weight[best]            # "ab", "cd": much of the draft's mass
+    drafter = TokenIntersectionDrafter(draft, draft_tok, letters())
+    drafter.check_target(target)
+    prompt = torch.tensor([1, 4, 2, 7, 3])
+    drafter.start(prompt)
+    from labkit.core.sampling import SamplingConfig
+    proposal = drafter.propose(prompt, 4, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    assert proposal.k == 4 and proposal.q_draft.shape == (4, 8)
+    assert torch.allclose(proposal.q_draft.sum(-1), torch.ones(4))          # renormalised over the shared tokens
+    assert (proposal.q_token > 0).all()
+    raw = draft(torch.tensor([[1, 4, 2, 7, 3]]), draft.new_cache(max_len=16))[0, -1].softmax(-1)
+    assert raw[8:].sum() > 0.3                                              # the mass the intersection leaves out
+
+
+def test_tokenizers_that_cannot_spell_the_text_or_share_nothing_are_refused(pair):
+    target, target_tok = pair
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE({c: i for i, c in enumerate("~@$%&|^`")}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    symbols = PreTrainedTokenizerFast(tokenizer_object=tok)                 # no letters, no byte fallback
+    with pytest.raises(ValueError, match="share no token string"):
+        TokenIntersectionDrafter(tiny_model(vocab_size=8), symbols, target_tok)
+    with pytest.raises(ValueError, match="draft tokenizer cannot spell this prompt.*no byte fallback"):
+        speculative_generate(target, CrossTokenizerDrafter(tiny_model(vocab_size=8), symbols, target_tok),
+                             encode(target_tok, "def add"), 4)

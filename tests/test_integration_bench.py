@@ -27,7 +27,10 @@ def test_bench_cli_on_a_real_model(tmp_path, monkeypatch):
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {(r["category"], r["method"]): r for r in report["rows"]}
-    assert {m for c, m in rows if c == "all"} == set(default_methods(MODEL))
+    assert {m for c, m in rows if c == "all"} == set(default_methods(MODEL)) | {"oracle"}
+    labkit_speeds = [r["speedup"] for (c, m), r in rows.items() if c == "all" and not m.startswith("hf-")
+                     and m != "oracle"]
+    assert rows["all", "oracle"]["speedup"] == pytest.approx(max(labkit_speeds))   # one question: its fastest
     assert report["mismatches"] == [], report["mismatches"]       # fp32: every method equals its reference
     assert rows["all", "ar"]["tokens_per_forward"] == 1 and rows["all", "hf-generate"]["tokens_per_forward"] == 1
     assert rows["all", "draft"]["tokens_per_forward"] > 2          # the draft is the target itself

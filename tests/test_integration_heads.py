@@ -1,5 +1,5 @@
-"""The shipped Medusa and EAGLE heads, and the model-free suffix drafter, on the real target: exact greedy
-output, and real acceleration.
+"""The shipped Medusa and EAGLE heads, the model-free suffix and lookahead drafters, and the drafts with another
+tokenizer, on the real target: exact greedy output, and real acceleration.
 
 fp32 target, so that token-for-token equality with plain greedy decoding is a fair demand (in
 bf16 a 33-token tree forward and a 1-token forward can round a near-tie differently).
@@ -103,3 +103,23 @@ def test_a_draft_with_another_tokenizer_is_exact_on_the_real_target(setup):
     out = speculative_generate(target.model, drafter, ids, N, gamma=4, eos_token_ids=target.eos_token_ids)
     assert out.tokens == plain.tokens
     assert out.trace.tokens_per_forward > 1.2, out.trace.summary()      # its code drafts are often right
+    # the token-level intersection: only the token strings both vocabularies hold, one target token per draft token
+    from labkit.drafters.cross_tokenizer import TokenIntersectionDrafter
+    shared = TokenIntersectionDrafter(draft.model, draft.tokenizer, target.tokenizer)
+    assert 10_000 < len(shared.draft_ids) < len(draft.tokenizer)
+    out = speculative_generate(target.model, shared, ids, N, gamma=4, eos_token_ids=target.eos_token_ids)
+    assert out.tokens == plain.tokens
+    assert out.trace.tokens_per_forward > 1.2, out.trace.summary()
+
+
+def test_lookahead_decoding_is_exact_on_the_real_target(setup):
+    """Jacobi guesses and the n-gram pool they fill: exact, and some of the pool's n-grams are accepted."""
+    from labkit.drafters.lookahead import LookaheadDrafter, jacobi_decode
+    target, ids, plain = setup
+    drafter = LookaheadDrafter(window=5, ngram=4, max_verify=4)
+    out = tree_generate(target.model, drafter, ids, N, budget=32, eos_token_ids=target.eos_token_ids)
+    assert out.tokens == plain.tokens
+    assert out.trace.tokens_per_forward > 1.1, out.trace.summary()
+    assert len(drafter.pool) > 50
+    block = jacobi_decode(target.model, ids, 6)
+    assert block[-1].tolist() == plain.tokens[:6]                         # Jacobi's fixed point: the greedy tokens

@@ -1,5 +1,6 @@
 """Sampling with heads keeps the target's distribution: self-speculative decoding with multi-token heads
-(Gloeckle heads, DeepSeek modules) and EAGLE tree decoding, each checked like the chain in test_sampling.py.
+(Gloeckle heads, DeepSeek modules), EAGLE tree decoding and the model-free tree drafters (suffix decoding,
+lookahead), each checked like the chain in test_sampling.py.
 
 The joint distribution of the first two generated tokens over many seeds is compared by Pearson's chi-square
 with the exact one, enumerated from the target's own next-token distribution (head 1 for a multi-token model).
@@ -20,7 +21,9 @@ from labkit.core.acceptance import Acceptance, speculative_accept
 from labkit.core.sampling import probs_from_logits, sample
 from labkit.core.tree_acceptance import TreeAcceptance
 from labkit.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from labkit.drafters.lookahead import LookaheadDrafter
 from labkit.drafters.mtp import self_speculative
+from labkit.drafters.suffix import SuffixDrafter
 from labkit.models.mtp import MTPConfig, MTPModel
 
 V, N_RUNS = 8, 2000
@@ -167,3 +170,35 @@ def test_broken_tree_rule_fails_the_same_test(broken, monkeypatch):
     target, head = eagle_pair()
     counts, _ = eagle_counts(target, head, T1)
     assert chi2_pvalue(counts, exact_joint(target, T1)) < 1e-6
+
+
+# --- model-free tree drafters: deterministic nodes (one-hot drafts), trees from the context --------------------
+
+MODEL_FREE_PROMPT = torch.tensor([1, 4, 6, 1, 4, 0, 1, 4])                # "1 4" was followed by 6 and by 0
+MODEL_FREE = {"suffix": (lambda: SuffixDrafter(min_prob=0.0, spec_factor=4.0), 8),
+              "lookahead": (lambda: LookaheadDrafter(window=2, ngram=3, max_verify=3, pool_from_prompt=True), 16)}
+
+
+def model_free_counts(name: str, target, cfg: SamplingConfig):
+    make, budget = MODEL_FREE[name]
+    return first_two_counts(lambda seed: TreeDecoder(target, make(), MODEL_FREE_PROMPT, 8, budget=budget, sampling=cfg,
+                                                     seed=seed), MODEL_FREE_PROMPT)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("name", list(MODEL_FREE))
+@pytest.mark.parametrize("cfg", [T1, WARPED], ids=["t1", "t0.8-topk5-topp0.9"])
+def test_sampled_model_free_tree_drafting_matches_the_targets_sampling(name, cfg):
+    target = tiny_model(seed=3, vocab_size=8, std=0.2)
+    counts, accepted = model_free_counts(name, target, cfg)
+    assert accepted > 300, "the tree's nodes should often be accepted, or the test checks only resampling"
+    assert chi2_pvalue(counts, exact_joint(target, cfg, MODEL_FREE_PROMPT)) > 1e-3
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("name", list(MODEL_FREE))
+def test_a_broken_tree_rule_fails_the_model_free_test(name, monkeypatch):
+    monkeypatch.setattr(sys.modules[TreeDecoder.__module__], "tree_speculative_accept", tree_keeps_rejected_mass)
+    target = tiny_model(seed=3, vocab_size=8, std=0.2)
+    counts, _ = model_free_counts(name, target, T1)
+    assert chi2_pvalue(counts, exact_joint(target, T1, MODEL_FREE_PROMPT)) < 1e-6

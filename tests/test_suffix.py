@@ -1,19 +1,9 @@
 """Suffix decoding: the trie counts what it saw, the tree follows the counts, and decoding stays exact."""
-import sys
 
 import pytest
 import torch
-from conftest import tiny_model
-from test_sampling_heads import (
-    T1,
-    WARPED,
-    chi2_pvalue,
-    exact_joint,
-    first_two_counts,
-    tree_keeps_rejected_mass,
-)
 
-from labkit import SamplingConfig, TreeDecoder, autoregressive_generate, tree_generate
+from labkit import SamplingConfig, autoregressive_generate, tree_generate
 from labkit.drafters.suffix import SuffixDrafter, SuffixTrie, speculate
 
 
@@ -101,31 +91,6 @@ def test_suffix_trees_branch_on_a_real_step(tiny_target):
     out = tree_generate(tiny_target, SuffixDrafter(min_prob=0.0, spec_factor=4.0), PROMPTS[1], 30, budget=16)
     branching = [s for s in out.trace.steps if s.parents and len(s.parents) != len(set(s.parents))]
     assert branching, "some step should propose two continuations of one node"
-
-
-def suffix_counts(target, cfg, prompt):
-    return first_two_counts(lambda seed: TreeDecoder(target, SuffixDrafter(min_prob=0.0, spec_factor=4.0), prompt, 8,
-                                                     budget=8, sampling=cfg, seed=seed), prompt)
-
-
-SAMPLING_PROMPT = torch.tensor([1, 4, 6, 1, 4, 0, 1, 4])                  # "1 4" was followed by 6 and by 0
-
-
-@pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("cfg", [T1, WARPED], ids=["t1", "t0.8-topk5-topp0.9"])
-def test_sampled_suffix_decoding_matches_the_targets_sampling(cfg):
-    target = tiny_model(seed=3, vocab_size=8, std=0.2)
-    counts, accepted = suffix_counts(target, cfg, SAMPLING_PROMPT)
-    assert accepted > 300, "the tree's nodes should often be accepted, or the test checks only resampling"
-    assert chi2_pvalue(counts, exact_joint(target, cfg, SAMPLING_PROMPT)) > 1e-3
-
-
-@pytest.mark.usefixtures("one_thread")
-def test_a_broken_tree_rule_fails_the_suffix_test(monkeypatch):
-    monkeypatch.setattr(sys.modules[TreeDecoder.__module__], "tree_speculative_accept", tree_keeps_rejected_mass)
-    target = tiny_model(seed=3, vocab_size=8, std=0.2)
-    counts, _ = suffix_counts(target, T1, SAMPLING_PROMPT)
-    assert chi2_pvalue(counts, exact_joint(target, T1, SAMPLING_PROMPT)) < 1e-6
 
 
 def test_suffix_drafter_refuses_bad_settings():

@@ -91,6 +91,11 @@ def _cross_tokenizer(m: Models):
     return CrossTokenizerDrafter(m.cross_draft.model, m.cross_draft.tokenizer, m.target.tokenizer)
 
 
+def _token_intersection(m: Models):
+    from ..drafters.cross_tokenizer import TokenIntersectionDrafter
+    return TokenIntersectionDrafter(m.cross_draft.model, m.cross_draft.tokenizer, m.target.tokenizer)
+
+
 def _lookup(m: Models):
     return PromptLookupDrafter()
 
@@ -98,6 +103,12 @@ def _lookup(m: Models):
 def _suffix(remember: bool, spec_factor: float = 2.0):
     """Suffix decoding; remember=True also indexes the answers to the earlier questions of the same run."""
     return lambda m: SuffixDrafter(spec_factor=spec_factor, remember=remember)
+
+
+def _lookahead(window: int, ngram: int, max_verify: int, from_prompt: bool = False):
+    """Lookahead decoding (W, N, G); from_prompt: the pool starts with the prompt's n-grams."""
+    from ..drafters.lookahead import LookaheadDrafter
+    return lambda m: LookaheadDrafter(window, ngram, max_verify, pool_from_prompt=from_prompt)
 
 
 _SKIP_SEARCHES: dict[int, object] = {}       # target model id -> its layer-skip search, run once a process
@@ -239,6 +250,9 @@ def _transformers(assisted: bool = False, lookup: bool = False, cross: bool = Fa
 # tree sizes: a verify pass over 32 tokens cost ~1.2 one-token passes, 64 tokens ~1.7, on the AMX Xeon where
 # these were chosen; on an AVX2-only CPU far more (README, "No speedup on this CPU")
 MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET, SUFFIX_BUDGET = 32, 8, 6, 32, 24
+# lookahead (W Jacobi columns, n-grams of N, G verified: (N-1)(W+G) tree nodes at most): 12 nodes, which cost about
+# one 1-token forward on the AVX-512 CPUs measured (verify-cost), and a wider window nearer the paper's GPU settings
+LOOKAHEAD, LOOKAHEAD_WIDE = (3, 3, 3), (5, 4, 4)
 _D, _HF, _HFD, _H = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"}), frozenset({"heads"})
 _LC = frozenset({"llama-cpp"})
 _X, _HFX = frozenset({"cross_draft"}), frozenset({"hf", "hf_cross", "cross_draft"})
@@ -252,6 +266,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            _speculative(_lookup, CostAwareGamma)),
     Method("cross-tokenizer", "labkit draft with another tokenizer (SmolLM2-135M), γ={gamma}", _X,
            _speculative(_cross_tokenizer, lambda g: g)),
+    Method("token-intersection", "labkit draft with another tokenizer, shared tokens only (SmolLM2-135M), γ={gamma}",
+           _X, _speculative(_token_intersection, lambda g: g)),
     Method("layer-skip", "labkit layer-skip self-speculation (layers, γ searched here)", frozenset(), _layer_skip),
     Method("suffix", "labkit suffix decoding (this request)", frozenset(), _tree(_suffix(False), SUFFIX_BUDGET),
            tree=True),
@@ -259,6 +275,12 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            _tree(_suffix(True), SUFFIX_BUDGET), tree=True),
     Method("suffix-cost-aware", "labkit suffix decoding, trees up to 64 nodes, cost-aware budget", frozenset(),
            _tree(_suffix(False, spec_factor=6.0), lambda: CostAwareBudget(max_budget=64)), tree=True),
+    Method("lookahead", "labkit lookahead decoding (W={}, N={}, G={})".format(*LOOKAHEAD), frozenset(),
+           _tree(_lookahead(*LOOKAHEAD), 64), tree=True),
+    Method("lookahead-wide", "labkit lookahead decoding (W={}, N={}, G={})".format(*LOOKAHEAD_WIDE), frozenset(),
+           _tree(_lookahead(*LOOKAHEAD_WIDE), 64), tree=True),
+    Method("lookahead-prompt", "labkit lookahead decoding (W={}, N={}, G={}), pool seeded with the prompt's "
+           "n-grams".format(*LOOKAHEAD), frozenset(), _tree(_lookahead(*LOOKAHEAD, from_prompt=True), 64), tree=True),
     Method("medusa", "labkit Medusa-1 heads, static tree", _H, _tree(_medusa, budget=MEDUSA_BUDGET), tree=True),
     Method("eagle-chain", "labkit EAGLE head, chain of 6", _H,
            _tree(_eagle(top_k=1, depth=EAGLE_DEPTH), budget=EAGLE_DEPTH)),

@@ -3,6 +3,10 @@
 Xia et al. 2024, "Unlocking Efficiency in Large Language Model Inference: A Comprehensive
 Survey of Speculative Decoding" (Spec-Bench). Only the first turn is used: it goes through
 the model's chat template as one user message.
+
+A question may carry `answers`, the assistant's answers to every turn but the last (labkit's
+multi-turn extension): then the whole conversation goes through the chat template and the
+benchmark times the answer to the last turn (a second turn that edits the first answer, say).
 """
 from __future__ import annotations
 
@@ -22,12 +26,20 @@ class QuestionFileError(ValueError):
 class Question:
     question_id: str
     category: str
-    prompt: str              # the first turn
+    prompt: str                            # the turn to answer: the first, or the last of a conversation
+    earlier: tuple[tuple[str, str], ...] = ()   # (user turn, assistant answer) before it, oldest first
+
+    @property
+    def messages(self) -> list[dict]:
+        """The conversation up to the turn to answer, as chat-template messages."""
+        chat = [{"role": role, "content": text} for pair in self.earlier for role, text in zip(("user", "assistant"), pair)]
+        return chat + [{"role": "user", "content": self.prompt}]
 
     @property
     def sha(self) -> str:
         """Short hash of what the model sees: a record for an edited question is not reused."""
-        return hashlib.sha256(f"{self.category}\n{self.prompt}".encode()).hexdigest()[:12]
+        seen = "\n".join(text for pair in self.earlier for text in pair)
+        return hashlib.sha256(f"{self.category}\n{seen}{self.prompt}".encode()).hexdigest()[:12]
 
 
 def parse_question(obj: object, where: str) -> Question:
@@ -44,7 +56,14 @@ def parse_question(obj: object, where: str) -> Question:
                                 f"got {turns!r:.80}")
     if not isinstance(obj["category"], str) or not obj["category"].strip():
         raise QuestionFileError(f"{where}: category must be a non-empty string, got {obj['category']!r}")
-    return Question(str(obj["question_id"]), obj["category"], turns[0])
+    if "answers" not in obj:
+        return Question(str(obj["question_id"]), obj["category"], turns[0])
+    answers = obj["answers"]
+    if not isinstance(answers, list) or len(answers) != len(turns) - 1 or not all(
+            isinstance(t, str) and t.strip() for t in turns + answers):
+        raise QuestionFileError(f"{where}: answers must be the assistant's answers to every turn but the last "
+                                f"({len(turns) - 1} non-empty strings for {len(turns)} turns), got {answers!r:.80}")
+    return Question(str(obj["question_id"]), obj["category"], turns[-1], tuple(zip(turns[:-1], answers)))
 
 
 def read_questions(path: str | Path, categories: list[str] | None = None, limit: int | None = None) -> list[Question]:

@@ -14,6 +14,8 @@ Definitions (the Markdown header repeats them):
   the method would reach if nothing but its forwards and its drafting took time). Over several
   questions: the baseline's seconds over the seconds each question would take at its ideal
   speedup (a ratio of sums, as the measured speedup is).
+- oracle: per question the fastest of labkit's methods (autoregressive included), what a perfect
+  method chooser would reach; its tokens/s is the new tokens over the sum of those fastest seconds.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from .methods import BASELINE, METHODS
 from .runner import read_results
 
 ALL = "all"
+ORACLE = "oracle"
 
 
 @dataclass
@@ -139,7 +142,29 @@ def aggregate(records: list[dict], labels: dict[str, str] | None = None) -> tupl
                 if ref in methods:
                     row.speedup_over_reference = row.tokens_per_second / _tps([by[q, ref] for q in qs])
                 rows.append(row)
+        own = [m for m in methods if by[questions[0], m]["reference"] == BASELINE] if questions else []
+        if qs and len(own) > 1:
+            rows.append(_oracle_row(cat, [[by[q, m] for m in own] for q in qs], [by[q, BASELINE] for q in qs],
+                                    mismatches))
     return rows, mismatches
+
+
+def oracle_picks(records: list[dict]) -> dict[str, int]:
+    """How many questions each labkit method is the fastest on (the oracle's choices), most first."""
+    by = {(r["question_id"], r["method"]): r for r in records}
+    own = [m for m in run_methods(records) if all(by[q, m]["reference"] == BASELINE for q in complete_questions(records))]
+    picks = [max(own, key=lambda m: by[q, m]["new_tokens"] / by[q, m]["seconds"]) for q in complete_questions(records)]
+    return dict(sorted(((m, picks.count(m)) for m in set(picks)), key=lambda x: -x[1]))
+
+
+def _oracle_row(cat: str, per_question: list[list[dict]], base: list[dict], mismatches: list[Mismatch]) -> Row:
+    """Per question the fastest of labkit's methods: the speed of a perfect method chooser."""
+    best = [max(rs, key=lambda r: r["new_tokens"] / r["seconds"]) for rs in per_question]   # one record a question
+    parted = {(x.question_id, x.method) for x in mismatches if x.reference == BASELINE}
+    same = sum((r["question_id"], r["method"]) not in parted for r in best)
+    return Row(cat, ORACLE, "oracle: the fastest labkit method per question", len(best), _tps(best),
+               _tps(best) / _tps(base), None, None, None, sum(r["verify_time"] for r in best) / sum(r["seconds"] for r in best),
+               None, same, same)
 
 
 def _tps(records: list[dict]) -> float:
@@ -206,6 +231,11 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
                      f"{_fmt(r.tokens_per_forward)} | {_fmt(r.acceptance_rate)} | {_fmt(r.draft_share, '{:.0%}')} | "
                      f"{r.verify_share:.0%} | {_fmt(r.ideal_speedup)} | {r.same_as_baseline}/{r.questions} | "
                      f"{r.same_as_reference}/{r.questions} |")
+    picks = meta.get("oracle_picks")
+    if picks:
+        lines += ["", "The oracle row takes, per question, the fastest of labkit's methods (autoregressive included): "
+                  "what a perfect method chooser would reach. Its choices: "
+                  + ", ".join(f"{m} {n}" for m, n in picks.items()) + "."]
     lines += ["", "## Outputs that part from their reference", ""]
     if not mismatches:
         lines.append("None: every method's output equals its reference token for token on every question.")
@@ -228,6 +258,7 @@ def write_report(results: str | Path, run_key: str | None = None, note: str = ""
     results = Path(results)
     meta, records = load_run(results, run_key)
     rows, mismatches = aggregate(records, meta.get("labels"))
+    meta = {**meta, "oracle_picks": oracle_picks(records)}
     out = results.parent
     paths = [out / "bench.md", out / "bench.csv", out / "bench.json"]
     if not rows:

@@ -137,7 +137,7 @@ def load_models(config: BenchConfig, progress: bool = True) -> Models:
 
 def encode(models: Models, q: Question, chat_template: bool) -> torch.Tensor:
     from ..models.loading import encode_prompt
-    return encode_prompt(models.target.tokenizer, q.prompt, chat_template)   # (T,)
+    return encode_prompt(models.target.tokenizer, q.messages if q.earlier else q.prompt, chat_template)   # (T,)
 
 
 def output_dir(out: str | Path) -> Path:

@@ -135,9 +135,9 @@ def batched_speculative_generate(target: Target, drafter: Drafter, prompts: list
                          "as labkit.drafters.DraftModelDrafter(model)")
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
-    if drafter.reads_features:
-        raise ValueError(f"the {drafter.name} drafter reads the target's features, which only the tree loop gives: "
-                         "batch a chain drafter (draft model, prompt lookup)")
+    if drafter.reads_features or drafter.reads_verdict:
+        raise ValueError(f"the {drafter.name} drafter reads the target's features or verdicts, which only the tree "
+                         "loop gives: batch a chain drafter (draft model, prompt lookup)")
     drafter.check_target(target)
     batch = _Batch(target, prompts, max_new_tokens, f"batched/{drafter.name}", eos_token_ids, seed, clock)
     B, V = len(batch.prompts), target.vocab_size

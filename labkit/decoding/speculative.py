@@ -32,8 +32,9 @@ class SpeculativeDecoder(Decoder):
                  gamma: int | GammaPolicy = 5, sampling: SamplingConfig = GREEDY,
                  eos_token_ids: tuple[int, ...] = (), seed: int | None = None):
         self.begin(target, prompt_ids, max_new_tokens, f"speculative/{drafter.name}", eos_token_ids, seed)
-        if drafter.reads_features:
-            raise ValueError(f"the {drafter.name} drafter reads the target's features, which only the tree loop "
+        if drafter.reads_features or drafter.reads_verdict:
+            what = "features" if drafter.reads_features else "verdict on every node"
+            raise ValueError(f"the {drafter.name} drafter reads the target's {what}, which only the tree loop "
                              "gives: decode with labkit.decoding.tree.TreeDecoder (or tree_generate)")
         drafter.check_target(target)
         self.target, self.drafter, self.sampling = target, drafter, sampling

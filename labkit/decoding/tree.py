@@ -91,6 +91,8 @@ class TreeDecoder(Decoder):
         else:
             p_target = probs_from_logits(logits, self.sampling)                          # (1+N, V)
             acc = tree_speculative_accept(tree, nodes, proposal.q_draft, p_target, self.generator)
+        if self.drafter.reads_verdict:
+            self.drafter.verdict(logits.argmax(-1))                                      # (1+N,)
         # 4. Commit: keep the root and the accepted path in the cache, compacted; drop every other branch
         keep = torch.tensor([0] + [1 + i for i in acc.path])                             # (1+n,) slots after n_cached
         self.cache.commit_path(keep, start=n_cached)

@@ -3,6 +3,7 @@
     draft_model    a small model of the same tokenizer (Leviathan 2023)
     prompt_lookup  n-gram copying from the context (no model)
     suffix         suffix decoding: a tree of the likeliest continuations from a suffix trie (no model)
+    lookahead      lookahead decoding: Jacobi iterations in the verify forward fill an n-gram pool (no model)
     layer_skip     the target drafting for itself with some layers skipped (layers searched on this machine)
     cross_tokenizer  a draft model with another tokenizer, drafting through text
     medusa         Medusa-1 heads on the target's features, a static top-k tree

@@ -11,6 +11,10 @@ chains. The decoding loops (labkit.decoding) call, per sequence:
                                     `features` are the target's features of the positions the step
                                     added (None where the loop has none)
 
+A drafter that learns from the target's verdict on every node it proposed, accepted or not
+(lookahead decoding's Jacobi window), sets `reads_verdict`; the tree loop then calls
+`verdict(next_tokens)` before `commit`.
+
 A drafter with state (a KV cache) drops what was rejected in `commit`. A drafter that reads the
 target's features (Medusa, EAGLE) says so with `reads_features`: only the tree loop, which runs
 labkit's own model, can give them. The drafter sees token ids, never text.
@@ -79,6 +83,7 @@ class Proposal:
 class Drafter(ABC):
     name: str = "drafter"
     reads_features: bool = False          # True: drafts from the target's features (the tree loop gives them)
+    reads_verdict: bool = False           # True: wants the target's greedy token after every proposed node
 
     def check_target(self, target) -> None:
         """Raise ValueError, saying what to do, when this drafter cannot draft for `target`."""
@@ -94,6 +99,10 @@ class Drafter(ABC):
     def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
         """The target kept the first `n_cached` tokens; forget state beyond them. `features` (m, F): the
         target's features of the m positions this step added to its cache (None outside the tree loop)."""
+
+    def verdict(self, next_tokens: torch.Tensor) -> None:
+        """Tree loop, when `reads_verdict`: the target's greedy token after the root and after each node of the
+        last proposal (1+N,), whether the node was accepted or not. Called before `commit`."""
 
     # B sequences at once (labkit.decoding.batched): the default keeps one copy of this drafter per row.
 

@@ -16,6 +16,16 @@ Two alignments need care:
   tokens' text, and proposed only when that encoding starts with those committed tokens (a
   draft text that merges with the committed tail into another token cannot be proposed as
   a continuation; that step proposes fewer tokens or none).
+
+`TokenIntersectionDrafter` is the token-level intersection of Timor et al. (ICML 2025): the
+draft drafts only tokens whose string is in both vocabularies (its distribution restricted to
+them and renormalised), so each draft token is one target token, and its distribution is a
+true q over the target's vocabulary. Rejection sampling with that q is lossless, and accepts
+more than the one-hot q of text-level drafting when sampling.
+
+Both need tokenizers that can spell any text (byte-level BPE or byte fallback): a tokenizer that
+drops characters it lacks would hand the draft another text. `start` checks the prompt
+round-trips through both and says so when it does not.
 """
 from __future__ import annotations
 
@@ -59,26 +69,40 @@ class CrossTokenizerDrafter(Drafter):
                              f"{self.model.vocab_size}: pass the draft model's own tokenizer as draft_tokenizer")
 
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        text = self.target_tok.decode(prompt_ids.tolist())
+        for who, tok in (("target", self.target_tok), ("draft", self.draft_tok)):
+            back = tok.decode(tok(text, add_special_tokens=False)["input_ids"])
+            if back != text:
+                at = common_prefix(list(back), list(text))
+                raise ValueError(f"the {who} tokenizer cannot spell this prompt: {text[at:at + 12]!r} comes back as "
+                                 f"{back[at:at + 12]!r} (no byte fallback). Drafting through text needs tokenizers "
+                                 "that spell any text: a byte-level BPE, or one with byte fallback")
         self.cache, self.cached_ids = self.model.new_cache(), []
 
     def _encode_draft(self, text: str) -> list[int]:
         return self.draft_tok(text, add_special_tokens=False)["input_ids"]
 
-    @torch.no_grad()
-    def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
-                generator: torch.Generator | None = None) -> Proposal:
+    def _read_committed(self, committed: list[int]) -> torch.Tensor:
+        """The committed text in the draft's tokens, fed past what its cache already holds: the draft's next logits (V,)."""
         if self.cache is None:
             raise ValueError("call start(prompt_ids) before propose")
-        if k == 0:
-            return Proposal.empty(tokens)
-        committed = tokens.tolist()
-        # 1. the committed text in the draft's tokens; feed what the draft's cache does not hold yet
         draft_ids = self._encode_draft(self.target_tok.decode(committed))
         keep = min(common_prefix(self.cached_ids, draft_ids), len(draft_ids) - 1)   # feed at least one token
         self.cache.truncate(keep)
         device = self.model.device
         logits = self.model(torch.tensor([draft_ids[keep:]], device=device), self.cache, num_logits=1)[0, -1].cpu()
         self.cached_ids = list(draft_ids)
+        return logits
+
+    @torch.no_grad()
+    def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None = None) -> Proposal:
+        if k == 0:
+            return Proposal.empty(tokens)
+        committed = tokens.tolist()
+        # 1. the committed text in the draft's tokens; feed what the draft's cache does not hold yet
+        logits = self._read_committed(committed)
+        device = self.model.device
         # 2. the draft continues in its own tokens (its cache rolls back to the committed text next step)
         drafted = []
         for i in range(max(1, round(k * self.draft_factor))):
@@ -98,3 +122,55 @@ class CrossTokenizerDrafter(Drafter):
 
     def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
         pass            # the next propose re-aligns the draft's cache with the committed text
+
+
+def shared_vocabulary(draft_tokenizer, target_tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(draft ids (S,), target ids (S,)) of the S token strings both vocabularies hold, in draft-id order."""
+    target_vocab = target_tokenizer.get_vocab()
+    pairs = sorted((i, target_vocab[s]) for s, i in draft_tokenizer.get_vocab().items() if s in target_vocab)
+    if not pairs:
+        raise ValueError("the two tokenizers share no token string (their vocabularies spell tokens differently, "
+                         "say byte-level BPE against SentencePiece): draft through text with CrossTokenizerDrafter")
+    draft_ids, target_ids = torch.tensor(pairs).T
+    return draft_ids, target_ids
+
+
+class TokenIntersectionDrafter(CrossTokenizerDrafter):
+    """A draft with another tokenizer restricted to the tokens both vocabularies share (Timor et al., 2025):
+    each draft token is one target token, and q is a true distribution over the target's vocabulary."""
+    name = "token-intersection"
+
+    def __init__(self, draft_model, draft_tokenizer, target_tokenizer):
+        super().__init__(draft_model, draft_tokenizer, target_tokenizer)
+        self.draft_ids, self.target_ids = shared_vocabulary(draft_tokenizer, target_tokenizer)    # (S,), (S,)
+        self.to_target = torch.full((draft_model.vocab_size,), -1)                                 # (V_draft,)
+        self.to_target[self.draft_ids] = self.target_ids
+        self.outside = self.to_target < 0                                                          # (V_draft,)
+        self.target_vocab = None
+
+    def check_target(self, target) -> None:
+        super().check_target(target)
+        self.target_vocab = target.vocab_size
+
+    @torch.no_grad()
+    def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None = None) -> Proposal:
+        if self.target_vocab is None:
+            raise ValueError("the decoder calls check_target(target) first: decode with speculative_generate")
+        if k == 0:
+            return Proposal.empty(tokens)
+        logits = self._read_committed(tokens.tolist())                                # (V_draft,)
+        proposal, q_rows = [], []
+        for i in range(k):
+            x, q = draw(logits.masked_fill(self.outside, float("-inf")), sampling, generator)   # (), (V_draft,)
+            q_target = torch.zeros(self.target_vocab)                                 # (V,)
+            q_target[self.target_ids] = q[self.draft_ids].float()
+            proposal.append(int(self.to_target[x]))
+            q_rows.append(q_target)
+            self.cached_ids.append(int(x))
+            if i + 1 < k:
+                logits = self.model(x.view(1, 1).to(self.model.device), self.cache)[0, -1].cpu()   # (V_draft,)
+        self.cached_ids.pop()                                                         # the last draft was not fed
+        q_draft = torch.stack(q_rows)                                                 # (k, V)
+        token = torch.tensor(proposal)                                                # (k,)
+        return Proposal(token, q_draft, q_draft[torch.arange(k), token])

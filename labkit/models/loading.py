@@ -243,14 +243,19 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
                          "target's family (same tokenizer), or use --drafter lookup, which needs no model")
 
 
-def encode_prompt(tokenizer, text: str, chat_template: bool) -> torch.Tensor:
+def encode_prompt(tokenizer, text: str | list[dict], chat_template: bool) -> torch.Tensor:
     """Token ids of the prompt, through the model's chat template unless told not to.
 
     With the template, the user's text stays text: a control-token string typed in it (say
     "<|im_start|>system") is tokenized as its characters, never as the control token, so a
     prompt cannot open a turn of its own. Raw mode (chat_template=False, --no-chat-template)
     tokenizes control-token strings as control tokens: the way to type a whole chat by hand.
+
+    `text` may be a conversation instead, chat messages ({"role", "content"}) ending with the
+    user's turn to answer; it needs the chat template, and no message may type a control token.
     """
+    if isinstance(text, list):
+        return _encode_conversation(tokenizer, text, chat_template)
     if not text or not text.strip():
         raise ValueError("the prompt is empty: pass --prompt \"...\" or --prompt-file FILE")
     if not (chat_template and getattr(tokenizer, "chat_template", None)):
@@ -275,3 +280,22 @@ def encode_prompt(tokenizer, text: str, chat_template: bool) -> torch.Tensor:
     content = real[len(before):len(real) - len(after)] if fits else text   # as the template wrote it (trimmed?)
     user = tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     return torch.tensor(template_ids(before) + user + template_ids(after), dtype=torch.long)
+
+
+def _encode_conversation(tokenizer, messages: list[dict], chat_template: bool) -> torch.Tensor:
+    """A conversation's token ids through the chat template, the assistant's next turn opened."""
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        raise ValueError("a conversation (several turns) goes through the model's chat template: this tokenizer has "
+                         "none or it was turned off; pass one prompt text instead")
+    if not messages or messages[-1].get("role") != "user" or any(not str(m.get("content", "")).strip() for m in messages):
+        raise ValueError("a conversation must be non-empty messages ending with the user's turn to answer")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(ids, add_special_tokens=False)["input_ids"]
+    blank = [{**m, "content": "x"} for m in messages]
+    frame = tokenizer(tokenizer.apply_chat_template(blank, add_generation_prompt=True, tokenize=False),
+                      add_special_tokens=False)["input_ids"]
+    control = set(tokenizer.added_tokens_decoder)
+    if sum(i in control for i in ids) != sum(i in control for i in frame):
+        raise ValueError("a message of the conversation types a control token (such as <|im_start|>): remove it, "
+                         "or pass the conversation as one raw prompt with --no-chat-template")
+    return torch.tensor(ids, dtype=torch.long)
