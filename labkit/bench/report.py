@@ -142,24 +142,34 @@ def aggregate(records: list[dict], labels: dict[str, str] | None = None) -> tupl
                 if ref in methods:
                     row.speedup_over_reference = row.tokens_per_second / _tps([by[q, ref] for q in qs])
                 rows.append(row)
-        own = [m for m in methods if by[questions[0], m]["reference"] == BASELINE] if questions else []
+        own = _own_methods(by, questions, methods)
         if qs and len(own) > 1:
             rows.append(_oracle_row(cat, [[by[q, m] for m in own] for q in qs], [by[q, BASELINE] for q in qs],
                                     mismatches))
     return rows, mismatches
 
 
+def _own_methods(by: dict, questions: list[str], methods: list[str]) -> list[str]:
+    """The methods of labkit's own stack (their reference is labkit autoregressive): the oracle's choice."""
+    return [m for m in methods if by[questions[0], m]["reference"] == BASELINE] if questions else []
+
+
+def _fastest(records: list[dict]) -> dict:
+    return max(records, key=lambda r: r["new_tokens"] / r["seconds"])
+
+
 def oracle_picks(records: list[dict]) -> dict[str, int]:
     """How many questions each labkit method is the fastest on (the oracle's choices), most first."""
     by = {(r["question_id"], r["method"]): r for r in records}
-    own = [m for m in run_methods(records) if all(by[q, m]["reference"] == BASELINE for q in complete_questions(records))]
-    picks = [max(own, key=lambda m: by[q, m]["new_tokens"] / by[q, m]["seconds"]) for q in complete_questions(records)]
+    questions = complete_questions(records)
+    own = _own_methods(by, questions, run_methods(records))
+    picks = [_fastest([by[q, m] for m in own])["method"] for q in questions]
     return dict(sorted(((m, picks.count(m)) for m in set(picks)), key=lambda x: -x[1]))
 
 
 def _oracle_row(cat: str, per_question: list[list[dict]], base: list[dict], mismatches: list[Mismatch]) -> Row:
     """Per question the fastest of labkit's methods: the speed of a perfect method chooser."""
-    best = [max(rs, key=lambda r: r["new_tokens"] / r["seconds"]) for rs in per_question]   # one record a question
+    best = [_fastest(rs) for rs in per_question]                                 # one record a question
     parted = {(x.question_id, x.method) for x in mismatches if x.reference == BASELINE}
     same = sum((r["question_id"], r["method"]) not in parted for r in best)
     return Row(cat, ORACLE, "oracle: the fastest labkit method per question", len(best), _tps(best),
