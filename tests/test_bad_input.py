@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import save_tiny_checkpoint, tiny_model, tiny_tokenizer
+from conftest import chatml_tokenizer, save_tiny_checkpoint, tiny_model
 
 from labkit.cli import main
 from labkit.core.sampling import SamplingConfig
@@ -128,14 +128,6 @@ def test_a_draft_from_another_vocabulary_or_a_shorter_context_is_refused():
     from labkit.decoding.batched import batched_speculative_generate
     with pytest.raises(ValueError, match="draft model's vocabulary"):
         batched_speculative_generate(target, DraftModelDrafter(tiny_model(vocab_size=100)), [prompt], 4)
-
-
-def chatml_tokenizer():
-    tok = tiny_tokenizer()
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    return tok
 
 
 def test_typed_control_tokens_stay_text_unless_raw():

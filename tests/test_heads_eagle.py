@@ -38,7 +38,7 @@ def test_best_subtree_keeps_parents_and_the_best_scores():
     scores = torch.tensor([-0.1, -0.5, -0.3, -2.0, -0.6, -0.35, -3.0])
     depth = torch.tensor([1, 1, 2, 2, 2, 3, 3])
     keep = _best_subtree(parents, depth, scores, 4)
-    assert keep.tolist() == [0, 1, 2, 5]
+    assert keep.tolist() == [0, 2, 5, 1]                   # best first: -0.1, -0.3, -0.35, -0.5
     for i in keep.tolist():
         assert parents[i] < 0 or int(parents[i]) in keep.tolist()
 

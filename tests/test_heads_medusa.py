@@ -117,7 +117,7 @@ def test_drafter_index_arithmetic_follows_the_loop_invariant(tiny_target):
 def test_training_labels_line_up_with_the_drafter(tiny_target):
     """On the target's own greedy text, head k's label at t is token t+2+k, what the drafter asks of it."""
     seq = greedy_sequence(tiny_target, [5, 17, 3], 20)                                 # (23,)
-    _, target_next = target_features(tiny_target, seq[None])                         # (1, T)
+    _, target_next, _ = target_features(tiny_target, seq[None])                      # (1, T)
     assert target_next[0, 2:-1].tolist() == seq[3:].tolist()                          # greedy: the next token itself
     labels = head_labels(target_next, n_heads=3)                                      # (1, T, K)
     T = seq.numel()

@@ -21,6 +21,7 @@ from labkit.core.acceptance import Acceptance, speculative_accept
 from labkit.core.sampling import probs_from_logits, sample
 from labkit.core.tree_acceptance import TreeAcceptance
 from labkit.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from labkit.drafters.eagle3 import Eagle3Head
 from labkit.drafters.lookahead import LookaheadDrafter
 from labkit.drafters.mtp import self_speculative
 from labkit.drafters.suffix import SuffixDrafter
@@ -44,8 +45,13 @@ def small_mtp(kind: str, n: int = 3, seed: int = 0, scale: float = 2.0) -> MTPMo
     return model.eval().requires_grad_(False)
 
 
-def eagle_pair(seed: int = 0):
-    """A tiny target (8 tokens) and a random EAGLE head on it: its drafts are accepted about half the time."""
+def eagle_pair(seed: int = 0, kind: str = "eagle"):
+    """A tiny target (8 tokens) and a random EAGLE (or EAGLE-3) head on it: its drafts are often accepted."""
+    if kind == "eagle3":                                        # three blocks to fuse
+        target = tiny_model(seed=3, vocab_size=V, std=0.2, n_layers=3)
+        torch.manual_seed(seed)
+        cfg = EagleConfig.for_target(target, hidden_dim=96, layers=(0, 1, 2))
+        return target, Eagle3Head(cfg, V, target.max_seq_len).eval().requires_grad_(False)
     target = tiny_model(seed=3, vocab_size=V, std=0.2)
     torch.manual_seed(seed)
     head = EagleHead(EagleConfig.for_target(target, hidden_dim=96), V, target.max_seq_len).eval().requires_grad_(False)
@@ -108,8 +114,9 @@ def test_sampled_self_speculative_matches_the_models_own_sampling(kind, cfg):
 
 
 @pytest.mark.parametrize("cfg", [T1, WARPED], ids=["t1", "t0.8-topk5-topp0.9"])
-def test_sampled_eagle_tree_decoding_matches_the_targets_sampling(cfg):
-    target, head = eagle_pair()
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_sampled_eagle_tree_decoding_matches_the_targets_sampling(cfg, kind):
+    target, head = eagle_pair(seed=0 if kind == "eagle" else 1, kind=kind)     # heads whose drafts are often kept
     counts, accepted = eagle_counts(target, head, cfg)
     assert accepted > N_RUNS // 4, "the tree's nodes should often be accepted, or the test checks only resampling"
     assert chi2_pvalue(counts, exact_joint(target, cfg)) > 1e-3

@@ -1,11 +1,18 @@
 """The cost-aware tree budget: counterfactual acceptance from one verified tree, and a choice that follows cost."""
+import statistics
+
 import pytest
 import torch
 
 from labkit import autoregressive_generate, tree_generate
+from labkit.core.sampling import GREEDY
 from labkit.core.trace import Step
-from labkit.core.tree_budget import CostAwareBudget, FixedBudget
+from labkit.core.tree_budget import CostAwareBudget, CurveFit, FixedBudget
+from labkit.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from labkit.drafters.lookahead import LookaheadDrafter
+from labkit.drafters.medusa import MedusaDrafter, MedusaHeads, medusa_tree
 from labkit.drafters.suffix import SuffixDrafter
+from labkit.models.target import as_tree_target
 
 
 def step(nodes: int, path: list[int], verify: float, draft: float = 0.0) -> Step:
@@ -42,19 +49,105 @@ def test_flat_verify_cost_buys_the_whole_accepted_depth():
     chosen = feed(CostAwareBudget(max_budget=32, explore_every=8), lambda t: 0.1 + 0.0001 * t)
     exploiting = [n for i, n in enumerate(chosen) if i > 8 and i % 8]     # once a large tree was seen to pay
     assert set(exploiting) == {6}          # deeper nodes are never kept; 6 is all the gain, nearly free
+    assert chosen[8] == chosen[16] == 32   # exploring the largest tree: it costs next to nothing more
 
 
 def test_steep_verify_cost_keeps_the_tree_small():
     chosen = feed(CostAwareBudget(max_budget=32, explore_every=8), lambda t: 0.02 + 0.1 * t)
     exploiting = [n for i, n in enumerate(chosen) if i > 8 and i % 8]
     assert set(exploiting) == {1}          # each node costs most of a step and pays two thirds of a token
-    assert chosen[8] == chosen[16] == 32   # but every 8th step explores the largest tree again
+    assert chosen[8] == chosen[16] == 2    # every 8th step explores twice the best, not the dear largest tree
 
 
-def test_greedy_tree_decoding_with_a_cost_aware_budget_is_exact(tiny_target):
-    prompt = torch.tensor([1, 4, 2, 1, 4, 7, 1, 4])
-    out = tree_generate(tiny_target, SuffixDrafter(), prompt, 40, budget=CostAwareBudget(max_budget=24))
-    assert out.tokens == autoregressive_generate(tiny_target, prompt, 40).tokens
+STEP_CURVE = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.8, 32: 3.4, 64: 6.7}   # flat to 8 tokens, then steep (a CPU)
+
+
+def test_curve_fit_interpolates_the_measured_curve_and_scales_it_to_the_run():
+    fit = CurveFit(STEP_CURVE)
+    assert fit(5) == 0.0                                            # nothing seen yet
+    assert [fit.ratio(n) for n in (1, 6, 8, 12, 24, 128)] == pytest.approx([1.0, 1.0, 1.0, 1.4, 2.6, 13.3])
+    fit.add(4, 0.08)
+    fit.add(32, 0.272)                                              # 3.4 x 0.08: the same unit
+    assert fit(1) == pytest.approx(0.08) and fit(16) == pytest.approx(0.144)
+    with pytest.raises(ValueError, match="verify_curve"):
+        CurveFit({1: 1.0})
+
+
+def test_a_flat_then_steep_verify_cost_buys_the_flat_stretch_that_a_line_would_not():
+    """Nodes 0..6 are kept two steps in three; the verify costs STEP_CURVE: 7 nodes (8 tokens) cost one step."""
+    def verify_of(t):
+        return 0.1 * CurveFit(STEP_CURVE).ratio(t)
+
+    def chosen(policy):
+        picks = []
+        for i in range(40):
+            n = policy.budget()
+            picks.append(n)
+            policy.update(step(n, [j for j in range(7) if j < n] if i % 3 else [], verify_of(n + 1)))
+        return [n for i, n in enumerate(picks) if i > 8 and i % 8]
+    assert set(chosen(CostAwareBudget(max_budget=64, verify_curve=STEP_CURVE))) == {7}
+    line = chosen(CostAwareBudget(max_budget=64))                   # a straight line charges every node its slope
+    assert statistics.mode(line) < 7
+
+
+PROMPT = torch.tensor([1, 4, 2, 5, 1, 4, 7, 5, 1, 4, 2, 5, 1, 4, 9, 5, 1, 4, 2, 5, 1, 4])
+
+
+def eagle(target):
+    torch.manual_seed(0)
+    head = EagleHead(EagleConfig.for_target(target, hidden_dim=96), target.vocab_size, target.max_seq_len).eval()
+    return EagleDrafter(head, target, top_k=4, depth=5)
+
+
+def medusa(target):
+    heads = MedusaHeads(target.lm_head, 3)
+    torch.manual_seed(0)
+    for block in heads.blocks:                                  # trained-looking heads: each guesses differently
+        torch.nn.init.normal_(block.linear.weight, std=0.3)
+    acc = torch.tensor([[0.6, 0.75, 0.8, 0.85], [0.4, 0.5, 0.6, 0.65], [0.3, 0.4, 0.45, 0.5]])
+    return MedusaDrafter(heads, medusa_tree(acc, 40))
+
+
+TREE_DRAFTERS = {"suffix": lambda target: SuffixDrafter(spec_factor=6.0), "eagle": eagle, "medusa": medusa}
+
+
+def started(name, target):
+    """The drafter after the target's prefill of PROMPT, as the tree loop starts it."""
+    drafter = TREE_DRAFTERS[name](target)
+    with torch.no_grad():
+        tree_target = as_tree_target(target)
+        features = tree_target.features(PROMPT[None, :-1], tree_target.new_cache()) if drafter.reads_features else None
+    drafter.start(PROMPT, features)
+    return drafter
+
+
+@pytest.mark.parametrize("name", TREE_DRAFTERS)
+def test_the_first_n_nodes_of_a_best_first_proposal_are_its_proposal_with_budget_n(tiny_target, name):
+    """What the counterfactual rests on: one verified tree of N nodes stands for every budget n <= N."""
+    drafter = started(name, tiny_target)
+    assert drafter.best_first
+    big = drafter.propose(PROMPT, 32, GREEDY)
+    assert big.k >= 8 and (name == "suffix" or not big.is_chain)
+    for n in (1, 2, 3, 5, 8, big.k):
+        small = drafter.propose(PROMPT, n, GREEDY)
+        cut = big.limit(n)
+        assert small.tokens.tolist() == cut.tokens.tolist(), n
+        assert small.as_tree().parents.tolist() == cut.as_tree().parents.tolist(), n
+
+
+@pytest.mark.parametrize("name", TREE_DRAFTERS)
+def test_greedy_tree_decoding_with_a_cost_aware_budget_is_exact(tiny_target, name):
+    out = tree_generate(tiny_target, TREE_DRAFTERS[name](tiny_target), PROMPT, 40,
+                        budget=CostAwareBudget(max_budget=24))
+    assert out.tokens == autoregressive_generate(tiny_target, PROMPT, 40).tokens
+    assert len({len(s.proposed) for s in out.trace.steps}) > 1          # the budget moved
+
+
+def test_a_drafter_not_listed_best_first_is_refused_a_cost_aware_budget(tiny_target):
+    with pytest.raises(ValueError, match="best first"):
+        tree_generate(tiny_target, LookaheadDrafter(), PROMPT, 8, budget=CostAwareBudget(max_budget=8))
+    hand_written = MedusaDrafter(MedusaHeads(tiny_target.lm_head, 2), [(0, 0), (0,), (1,)])   # sorted by depth
+    assert not hand_written.best_first
 
 
 def test_budgets_refuse_bad_values():

@@ -129,13 +129,32 @@ def _layer_skip(m: Models, n: int, gamma: int, lookup_tokens: int):
     return lambda ids: from_generation(speculative_generate(model, drafter, ids, n, search.gamma, eos_token_ids=eos))
 
 
-def _tree(drafter: Callable[[Models], object], budget: int | Callable[[], object]):
-    """A tree drafter with `budget` nodes a step (or a fresh budget policy per question, made by `budget()`);
+_VERIFY_CURVES: dict[int, dict[int, float]] = {}     # target model id -> its verify-cost curve, measured once
+
+
+def _verify_curve(m: Models) -> dict[int, float]:
+    """This machine's t(T)/t(1) for the target, T = 1..64, 256 cached tokens (a few seconds, once a process)."""
+    from ..bench.verify_cost import TOKENS
+    from ..models.calibrate import time_forwards
+    model = m.target.model
+    if id(model) not in _VERIFY_CURVES:
+        t = time_forwards(model, 256, TOKENS, repeats=3, progress=False)
+        _VERIFY_CURVES[id(model)] = {T: t[T] / t[1] for T in TOKENS}
+    return _VERIFY_CURVES[id(model)]
+
+
+def _cost_aware(max_budget: int):
+    """A fresh cost-aware budget per question, on this machine's verify-cost curve."""
+    return lambda m: CostAwareBudget(max_budget=max_budget, verify_curve=_verify_curve(m))
+
+
+def _tree(drafter: Callable[[Models], object], budget: int | Callable[[Models], object]):
+    """A tree drafter with `budget` nodes a step (or a fresh budget policy per question, made by `budget(m)`);
     the drafter is built once, its heads loaded once."""
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
         eos, tree_drafter = m.target.eos_token_ids, drafter(m)
         return lambda ids: from_generation(tree_generate(m.target.model, tree_drafter, ids, n,
-                                                         budget() if callable(budget) else budget, eos_token_ids=eos))
+                                                         budget(m) if callable(budget) else budget, eos_token_ids=eos))
     return build
 
 
@@ -274,7 +293,7 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("suffix-global", "labkit suffix decoding (+ earlier answers)", frozenset(),
            _tree(_suffix(True), SUFFIX_BUDGET), tree=True),
     Method("suffix-cost-aware", "labkit suffix decoding, trees up to 64 nodes, cost-aware budget", frozenset(),
-           _tree(_suffix(False, spec_factor=6.0), lambda: CostAwareBudget(max_budget=64)), tree=True),
+           _tree(_suffix(False, spec_factor=6.0), _cost_aware(64)), tree=True),
     Method("lookahead", "labkit lookahead decoding (W={}, N={}, G={})".format(*LOOKAHEAD), frozenset(),
            _tree(_lookahead(*LOOKAHEAD), 64), tree=True),
     Method("lookahead-wide", "labkit lookahead decoding (W={}, N={}, G={})".format(*LOOKAHEAD_WIDE), frozenset(),
@@ -282,10 +301,14 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("lookahead-prompt", "labkit lookahead decoding (W={}, N={}, G={}), pool seeded with the prompt's "
            "n-grams".format(*LOOKAHEAD), frozenset(), _tree(_lookahead(*LOOKAHEAD, from_prompt=True), 64), tree=True),
     Method("medusa", "labkit Medusa-1 heads, static tree", _H, _tree(_medusa, budget=MEDUSA_BUDGET), tree=True),
+    Method("medusa-cost-aware", "labkit Medusa-1 heads, trees up to 40 nodes, cost-aware budget", _H,
+           _tree(_medusa, _cost_aware(40)), tree=True),
     Method("eagle-chain", "labkit EAGLE head, chain of 6", _H,
            _tree(_eagle(top_k=1, depth=EAGLE_DEPTH), budget=EAGLE_DEPTH)),
     Method("eagle-tree", "labkit EAGLE-2 dynamic tree", _H,
            _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), budget=EAGLE_BUDGET), tree=True),
+    Method("eagle-cost-aware", "labkit EAGLE-2 dynamic tree, up to 64 nodes, cost-aware budget", _H,
+           _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), _cost_aware(64)), tree=True),
     Method("hf-generate", "transformers generate", _HF, _transformers(), PEER_BASELINE),
     Method("hf-assisted", "transformers assisted", _HFD, _transformers(assisted=True), PEER_BASELINE),
     Method("hf-assisted-uag", "transformers assisted, another tokenizer (SmolLM2-135M)", _HFX,

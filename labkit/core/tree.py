@@ -42,19 +42,25 @@ class Tree:
         return cls(torch.arange(n) - 1)
 
     @classmethod
-    def from_choices(cls, choices: list[tuple[int, ...]]) -> tuple["Tree", torch.Tensor]:
+    def from_choices(cls, choices: list[tuple[int, ...]], keep_order: bool = False) -> tuple["Tree", torch.Tensor]:
         """Medusa's choices -> (tree, rank (N,)): node i is the rank[i]-th best token of head depth[i]-1.
 
         A choice is a path of top-k ranks from the root, e.g. (0, 2) = the best token of head 0, then
-        the third best of head 1. Every prefix of a choice must be a choice too.
+        the third best of head 1. Every prefix of a choice must be a choice too. Nodes are sorted by
+        depth, or, with keep_order, kept in the given order (each path's prefix must come before it).
         """
-        ordered = sorted({tuple(c) for c in choices}, key=lambda c: (len(c), c))
+        unique = list(dict.fromkeys(tuple(c) for c in choices))
+        ordered = unique if keep_order else sorted(unique, key=lambda c: (len(c), c))
         if not ordered or any(len(c) == 0 for c in ordered):
             raise ValueError("choices must be a non-empty list of non-empty tuples of top-k ranks, e.g. [(0,), (0, 0)]")
         index = {c: i for i, c in enumerate(ordered)}
         missing = [c[:-1] for c in ordered if len(c) > 1 and c[:-1] not in index]
         if missing:
             raise ValueError(f"choice prefix {missing[0]} is missing: every prefix of a path must be in the tree")
+        late = [c for i, c in enumerate(ordered) if len(c) > 1 and index[c[:-1]] > i]
+        if late:
+            raise ValueError(f"choice {late[0]} comes before its prefix {late[0][:-1]}: with keep_order, list "
+                             "every path after its prefix")
         parents = torch.tensor([index[c[:-1]] if len(c) > 1 else -1 for c in ordered])
         rank = torch.tensor([c[-1] for c in ordered])
         return cls(parents), rank

@@ -6,17 +6,24 @@ one-token steps (a CPU with flat kernels, 01/08) big trees pay, where it costs 4
 `CostAwareBudget` measures both sides during decoding and picks the budget with the most
 expected tokens per second:
 
-- acceptance, counterfactually: tree drafters list nodes best first (parents before children),
-  so a proposal cut to its first n nodes is the tree they would have proposed with budget n;
+- acceptance, counterfactually: a drafter with `best_first` (suffix decoding, EAGLE-2, Medusa's
+  greedy tree, any chain) lists its nodes best first (parents before children), so a proposal
+  cut to its first n nodes is the tree it would have proposed with budget n;
   and under greedy verification only one child of a node can match the target, so the nodes
   the target would keep from the cut tree are the accepted path's nodes with index below n.
   One step verified with N nodes therefore says what every budget n <= N would have committed.
-- cost: a least-squares line through (nodes + 1, verify seconds) of the steps so far, plus the
-  drafter's mean drafting seconds per step.
+- cost: the machine's verify-cost curve t(T)/t(1) when given (`verify_curve`, measured with
+  `calibrate.time_forwards`, as `python -m labkit verify-cost` does), scaled to this run's verify
+  seconds; otherwise a least-squares line through (nodes + 1, verify seconds) of the steps so far.
+  Plus the drafter's mean drafting seconds per step. The curve matters on a CPU: verifying 8
+  tokens can cost what 1 does and 16 twice as much, a step a straight line cannot follow (it
+  charges every node the average slope, and so keeps trees smaller than the flat stretch).
 
 The first steps verify the largest and the smallest tree (two sizes for the cost line), and
-every `explore_every`-th step verifies the largest budget again, so the estimate for large
-trees stays fresh. (Under sampling, acceptance along the path depends on the other nodes, and
+every `explore_every`-th step verifies a larger tree: twice the best budget so far, or the
+largest whose fitted verify costs at most 25% more than the best's. So the estimate for larger
+trees stays fresh, a budget that pays can keep growing, and where large verifies are dear (on a
+CPU a 64-node verify can cost four one-token steps) exploring does not pay for the largest. (Under sampling, acceptance along the path depends on the other nodes, and
 the counterfactual is an estimate.)
 """
 from __future__ import annotations
@@ -25,6 +32,32 @@ from collections import deque
 
 from .adaptive import VerifyFit
 from .trace import Step
+
+
+class CurveFit:
+    """Seconds of a verify pass of n tokens: a measured curve t(n)/t(1), scaled by this run's verify seconds."""
+
+    def __init__(self, curve: dict[int, float], decay: float = 0.95):
+        points = sorted((int(t), float(r)) for t, r in curve.items())
+        if len(points) < 2 or points[0][0] < 1 or any(r <= 0 for _, r in points):
+            raise ValueError(f"verify_curve needs >= 2 points {{tokens >= 1: t(tokens)/t(1) > 0}}, got {curve!r}")
+        self.tokens, self.ratios = [t for t, _ in points], [r for _, r in points]
+        self.decay, self.weight, self.unit = decay, 0.0, 0.0
+
+    def ratio(self, n_tokens: int) -> float:
+        """The curve at n_tokens: linear between measured points, the last segment's slope beyond them."""
+        T, R = self.tokens, self.ratios
+        if n_tokens <= T[0]:
+            return R[0]
+        i = next((i for i in range(1, len(T)) if n_tokens <= T[i]), len(T) - 1)
+        return max(1e-9, R[i - 1] + (R[i] - R[i - 1]) * (n_tokens - T[i - 1]) / (T[i] - T[i - 1]))
+
+    def add(self, n_tokens: int, seconds: float) -> None:
+        self.weight = self.decay * self.weight + 1.0
+        self.unit = self.decay * self.unit + seconds / self.ratio(n_tokens)
+
+    def __call__(self, n_tokens: int) -> float:
+        return self.unit / self.weight * self.ratio(n_tokens) if self.weight else 0.0
 
 
 class FixedBudget:
@@ -39,6 +72,12 @@ class FixedBudget:
     def budget(self) -> int:
         return self.nodes
 
+    def explore_budget(self, best: int) -> int:
+        """Twice the best budget, or further while a verify costs at most 25% more than the best's."""
+        limit = 1.25 * self.verify(best + 1)
+        cheap = max(n for n in range(best, self.max_budget + 1) if n == best or self.verify(n + 1) <= limit)
+        return max(min(self.max_budget, 2 * best), cheap)
+
     def update(self, step: Step) -> None:
         pass
 
@@ -48,13 +87,14 @@ class CostAwareBudget:
     name = "cost-aware"
 
     def __init__(self, max_budget: int = 64, min_budget: int = 1, window: int = 32, explore_every: int = 8,
-                 warmup: int = 2):
+                 warmup: int = 2, verify_curve: dict[int, float] | None = None):
+        """verify_curve: this machine's {tokens: t(tokens)/t(1)} (None: fit a line to the run's steps)."""
         if isinstance(max_budget, bool) or not isinstance(max_budget, int) or not 1 <= min_budget <= max_budget:
             raise ValueError(f"need integers 1 <= min_budget <= max_budget, got {min_budget}, {max_budget}")
         self.max_budget, self.min_budget = max_budget, min_budget
         self.explore_every, self.warmup = explore_every, warmup
         self.history: deque[tuple[int, int, list[int]]] = deque(maxlen=window)   # (budget, nodes, accepted path)
-        self.verify = VerifyFit(decay=0.95)
+        self.verify = CurveFit(verify_curve) if verify_curve else VerifyFit(decay=0.95)
         self.draft_seconds = 0.0
         self.n_steps = 0
         self.last = max_budget
@@ -63,12 +103,17 @@ class CostAwareBudget:
         """The budget for the next step."""
         if self.n_steps < self.warmup:                      # the largest tree and the smallest: two sizes to fit
             self.last = self.max_budget if self.n_steps % 2 == 0 else self.min_budget
-        elif self.n_steps % self.explore_every == 0:
-            self.last = self.max_budget
         else:
             rates = {n: tokens / seconds for n, tokens, seconds in self.estimates() if n >= self.min_budget}
-            self.last = max(rates, key=rates.get) if rates else self.max_budget
+            best = max(rates, key=rates.get) if rates else self.max_budget
+            self.last = self.explore_budget(best) if self.n_steps % self.explore_every == 0 else best
         return self.last
+
+    def explore_budget(self, best: int) -> int:
+        """Twice the best budget, or further while a verify costs at most 25% more than the best's."""
+        limit = 1.25 * self.verify(best + 1)
+        cheap = max(n for n in range(best, self.max_budget + 1) if n == best or self.verify(n + 1) <= limit)
+        return max(min(self.max_budget, 2 * best), cheap)
 
     def update(self, step: Step) -> None:
         """Learn from a verified step (its proposal, accepted path and timings)."""

@@ -48,7 +48,11 @@ class TreeDecoder(Decoder):
         policy = budget if isinstance(budget, (FixedBudget, CostAwareBudget)) else FixedBudget(budget)
         if accept_rule is not None and not sampling.greedy:
             raise ValueError("a custom accept_rule (typical acceptance) replaces sampling: use temperature 0 with it")
-        target = as_tree_target(target)
+        if isinstance(policy, CostAwareBudget) and not drafter.best_first:
+            raise ValueError(f"the cost-aware budget judges smaller trees by cutting this step's proposal, but "
+                             f"{drafter.name}'s proposals are not listed best first (Drafter.best_first): "
+                             "give it a fixed budget (an int)")
+        target = drafter.tree_target(as_tree_target(target))
         self.begin(target, prompt_ids, max_new_tokens, f"tree/{drafter.name}", eos_token_ids, seed)
         drafter.check_target(target)
         self.target, self.drafter, self.budget = target, drafter, policy

@@ -15,6 +15,11 @@ A drafter that learns from the target's verdict on every node it proposed, accep
 (lookahead decoding's Jacobi window), sets `reads_verdict`; the tree loop then calls
 `verdict(next_tokens)` before `commit`.
 
+A drafter whose proposals list their nodes best first, so that a proposal cut to its first n nodes
+is the proposal it would have made with budget n (a chain; suffix decoding's and EAGLE-2's trees;
+Medusa's greedy static tree), sets `best_first`: the tree loop's cost-aware budget
+(core/tree_budget.py) judges every smaller budget from one step only for such a drafter.
+
 A drafter with state (a KV cache) drops what was rejected in `commit`. A drafter that reads the
 target's features (Medusa, EAGLE) says so with `reads_features`: only the tree loop, which runs
 labkit's own model, can give them. The drafter sees token ids, never text.
@@ -84,9 +89,15 @@ class Drafter(ABC):
     name: str = "drafter"
     reads_features: bool = False          # True: drafts from the target's features (the tree loop gives them)
     reads_verdict: bool = False           # True: wants the target's greedy token after every proposed node
+    best_first: bool = False              # True: the first n nodes of a proposal are its proposal with budget n
 
     def check_target(self, target) -> None:
         """Raise ValueError, saying what to do, when this drafter cannot draft for `target`."""
+
+    def tree_target(self, target):
+        """The tree loop's target as this drafter needs it (a TreeTarget): by default the one given, whose features
+        are the final hidden states; a drafter that reads other layers (EAGLE-3) wraps it."""
+        return target
 
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """A new sequence: `prompt_ids` (T,); `features` (T-1, F) of the prompt's cached positions, if read."""

@@ -17,6 +17,7 @@ from .base import Drafter, Proposal
 
 class DraftModelDrafter(Drafter):
     name = "draft"
+    best_first = True                   # a chain: its first n tokens are the chain it drafts with k = n
 
     def __init__(self, model, stop_below: float | None = None, eos_token_ids: tuple[int, ...] = ()):
         """`stop_below`: stop drafting early once the draft's own top probability drops below it."""

@@ -10,7 +10,8 @@ its own predicted features: (f̂_{t+1}, x_{t+2}) -> f̂_{t+2}, and so on.
 EAGLE-2's dynamic tree: from the last committed pair, expand the top-k tokens; at every depth
 keep the `top_k` nodes with the highest cumulative draft log-probability and expand each of
 them by its own top-k; finally rerank every node seen by cumulative log-probability and keep
-the best `budget` (a parent always outranks its child, so the kept set is a tree).
+the best `budget` (a parent always outranks its child, so the kept set is a tree), listed best
+first: the first n nodes of a proposal are the tree the drafter makes with budget n.
 
 A CPU cost note: the LM head (151,936 x 1,536, 467 MB in bf16) is as heavy to read as a sixth
 of the target, and the tree reads it once per depth. The drafter therefore scores a *draft
@@ -21,7 +22,7 @@ exactness: the target verifies every node with its full vocabulary.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,11 +46,14 @@ class EagleConfig:
     norm_eps: float
     rope_theta: float
     base_model: str = ""
+    layers: list[int] = field(default_factory=list)   # EAGLE-3: the target blocks whose outputs are fused
 
     @classmethod
-    def for_target(cls, target: Transformer, hidden_dim: int = 1024, base_model: str = "") -> "EagleConfig":
+    def for_target(cls, target: Transformer, hidden_dim: int = 1024, base_model: str = "",
+                   layers: tuple[int, ...] = ()) -> "EagleConfig":
         a = target.args
-        return cls(a.dim, a.n_heads, a.n_kv_heads, a.head_dim, hidden_dim, a.norm_eps, a.rope_theta, base_model)
+        return cls(a.dim, a.n_heads, a.n_kv_heads, a.head_dim, hidden_dim, a.norm_eps, a.rope_theta, base_model,
+                   list(layers))
 
     def block_args(self, vocab_size: int, max_seq_len: int) -> ModelArgs:
         return ModelArgs(vocab_size=vocab_size, dim=self.dim, n_layers=1, n_heads=self.n_heads,
@@ -59,6 +63,7 @@ class EagleConfig:
 
 class EagleHead(nn.Module):
     """fc(concat(embedding, feature)) -> one decoder layer -> RMSNorm: the next feature. Embedding/LM head: the target's."""
+    kind = "eagle"
 
     def __init__(self, cfg: EagleConfig, vocab_size: int, max_seq_len: int = 4096):
         super().__init__()
@@ -73,9 +78,22 @@ class EagleHead(nn.Module):
         return KVCache(1, batch_size, self.args.n_kv_heads, max_len, self.args.head_dim, dtype or p.dtype,
                        device or p.device)
 
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """The head's input (..., D) for a committed position from the target's features there: f_t itself."""
+        return features
+
+    def readout_input(self, out: torch.Tensor) -> torch.Tensor:
+        """What the LM head reads from the head's output: the predicted feature itself."""
+        return out
+
     def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache: KVCache,
                 positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Next features (B, T, D) from pairs (f_t, embed(x_{t+1})): features, token_embeds (B, T, D)."""
+        return self.norm(self.layer(features, token_embeds, cache, positions, mask))
+
+    def layer(self, features: torch.Tensor, token_embeds: torch.Tensor, cache: KVCache,
+              positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder layer's output (B, T, D), before the final norm, for inputs (B, T, D) each."""
         B, T, _ = features.shape
         if positions is None:
             positions = (cache.length + torch.arange(T, device=features.device)).expand(B, T)
@@ -85,7 +103,7 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([token_embeds, features], dim=-1))                       # (B, T, D)
         x = self.block(x, cos, sin, cache, 0, mask)                                     # (B, T, D)
         cache.advance(T)
-        return self.norm(x)
+        return x
 
 
 class EagleDrafter(Drafter):
@@ -93,6 +111,7 @@ class EagleDrafter(Drafter):
 
     name = "eagle"
     reads_features = True
+    best_first = True          # nodes come best first (see _best_subtree): the first n are the tree of budget n
 
     def __init__(self, head: EagleHead, target: Transformer, draft_vocab: torch.Tensor | None = None,
                  top_k: int = 8, depth: int = 6):
@@ -104,11 +123,14 @@ class EagleDrafter(Drafter):
         self.draft_vocab = draft_vocab.long().to(target.device)                         # (Vd,) ids in the target's vocab
         rows = target.lm_head.weight[self.draft_vocab]                                  # (Vd, D), sliced once
         self.readout = readout(rows, target.path)                                       # f -> f @ rows.T, the target's path
-        self.name = "eagle-chain" if top_k == 1 else "eagle-tree"
+        self.name = f"{head.kind}-chain" if top_k == 1 else f"{head.kind}-tree"
 
     def _log_probs(self, f: torch.Tensor) -> torch.Tensor:
-        """Draft log-probabilities (..., Vd) over the draft vocabulary from features (..., D)."""
-        return self.readout(f).float().log_softmax(-1)
+        """Draft log-probabilities (..., Vd) over the draft vocabulary from the head's outputs (..., D)."""
+        return self.readout(self.head.readout_input(f)).float().log_softmax(-1)
+
+    def tree_target(self, target):
+        return self.head.tree_target(target) if hasattr(self.head, "tree_target") else target
 
     def start(self, prompt_ids, features=None):
         self.tokens = prompt_ids.tolist()
@@ -126,10 +148,13 @@ class EagleDrafter(Drafter):
             return Proposal.empty(tokens)
         # 1. Catch up on the committed pairs (f_t, x_{t+1}), t = n_pairs .. L-1, dropping last step's tree
         self.cache.truncate(self.n_pairs)
-        new = torch.arange(self.n_pairs, L)
-        embeds = self.target.embed_tokens(tokens[new + 1].to(dev))                      # (m, D)
-        f_hat = self.head(self.features[new][None], embeds[None], self.cache)[0, -1]   # (D,) predicts x_{L+1}
-        self.n_pairs = L
+        if L > self.n_pairs:                                                           # (else: a second proposal)
+            new = torch.arange(self.n_pairs, L)
+            embeds = self.target.embed_tokens(tokens[new + 1].to(dev))                  # (m, D)
+            context = self.head.context(self.features[new])                              # (m, D)
+            self.f_next = self.head(context[None], embeds[None], self.cache)[0, -1]     # (D,) predicts x_{L+1}
+            self.n_pairs = L
+        f_hat = self.f_next
         # 2. Grow the tree depth by depth, expanding the top_k best nodes of each layer (EAGLE-2)
         k = min(self.top_k, budget)
         logp = self._log_probs(f_hat)                                                  # (Vd,)
@@ -178,17 +203,18 @@ class EagleDrafter(Drafter):
 
 
 def _best_subtree(parents: torch.Tensor, depth: torch.Tensor, scores: torch.Tensor, budget: int) -> torch.Tensor:
-    """Indices (sorted) of the `budget` highest-scoring nodes whose parents are all kept (ties: shallower first)."""
+    """Indices of the `budget` highest-scoring nodes whose parents are all kept (ties: shallower first), best first:
+    the first n of them are the best subtree of n nodes, and every parent comes before its children."""
     order = torch.arange(parents.numel())
     order = order[depth[order].argsort(stable=True)]                                   # ties in score: by depth, index
     order = order[(-scores[order]).argsort(stable=True)]                               # (n_nodes,) best first
-    kept: set[int] = set()
+    kept: dict[int, None] = {}                                                         # insertion-ordered
     for i in order.tolist():
         if len(kept) == budget:
             break
         if parents[i] < 0 or int(parents[i]) in kept:
-            kept.add(i)
-    return torch.tensor(sorted(kept), dtype=torch.long)
+            kept[i] = None
+    return torch.tensor(list(kept), dtype=torch.long)
 
 
 # --- checkpoints -------------------------------------------------------------------------------------
@@ -201,7 +227,7 @@ def save_eagle(head: EagleHead, draft_vocab: torch.Tensor, out_dir: Path, meta: 
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
     state["draft_vocab"] = draft_vocab.to(torch.int32).contiguous()
     save_file(state, out_dir / "model.safetensors")
-    (out_dir / "config.json").write_text(json.dumps({"kind": "eagle", **asdict(head.cfg), **meta}, indent=1) + "\n")
+    (out_dir / "config.json").write_text(json.dumps({"kind": head.kind, **asdict(head.cfg), **meta}, indent=1) + "\n")
 
 
 def load_eagle(path: str | Path, target: Transformer) -> tuple[EagleHead, torch.Tensor, dict]:
@@ -219,7 +245,11 @@ def load_eagle(path: str | Path, target: Transformer) -> tuple[EagleHead, torch.
                          f"the target's are {target.args.dim}: train a head for this target")
     state = load_file(path / "model.safetensors")
     draft_vocab = state.pop("draft_vocab").long()
-    head = EagleHead(cfg, target.vocab_size, target.max_seq_len)
+    if config.get("kind", "eagle") == "eagle3":
+        from .eagle3 import Eagle3Head
+        head = Eagle3Head(cfg, target.vocab_size, target.max_seq_len)
+    else:
+        head = EagleHead(cfg, target.vocab_size, target.max_seq_len)
     head.load_state_dict(state)
     p = target.embed_tokens.weight
     head = head.to(device=p.device, dtype=p.dtype).eval().requires_grad_(False)

@@ -142,7 +142,11 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, heads: MedusaHeads, choices: list[tuple[int, ...]]):
         choices = [tuple(c) for c in choices]
-        if not _prefix_ordered(choices):            # e.g. a hand-written list: any prefix-closed order works
+        # medusa_tree's list is best first (each prefix is the best tree of its size): the tree keeps that order,
+        # so the first n nodes of a proposal are the tree of budget n. A hand-written list in another order is
+        # sorted by depth, which is prefix-closed but not best first.
+        self.best_first = _prefix_ordered(choices)
+        if not self.best_first:
             choices = sorted(set(choices), key=lambda c: (len(c), c))
         Tree.from_choices(choices)                  # validates: non-empty, prefix-closed
         if max(len(c) for c in choices) > heads.n_heads:
@@ -165,7 +169,7 @@ class MedusaDrafter(Drafter):
         """(tree, rank (N,), head (N,)) of the best `budget` choices; node i = rank[i]-th guess of head[i]."""
         n = min(budget, len(self.choices))
         if n not in self._trees:
-            tree, rank = Tree.from_choices(self.choices[:n])
+            tree, rank = Tree.from_choices(self.choices[:n], keep_order=True)
             self._trees[n] = (tree, rank, tree.depth - 1)
         return self._trees[n]
 

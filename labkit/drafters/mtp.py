@@ -53,6 +53,7 @@ class MTPVerifier(Wrapped):
 
 class MTPDrafter(Drafter):
     """Drafts up to n-1 tokens, one head (or module) after the other, from the last committed position."""
+    best_first = True                   # a chain
 
     def __init__(self, verifier: MTPVerifier):
         self.verifier, self.model = verifier, verifier.model

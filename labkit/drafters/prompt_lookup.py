@@ -14,6 +14,7 @@ from .base import Drafter, Proposal
 
 class PromptLookupDrafter(Drafter):
     name = "lookup"
+    best_first = True                   # a chain: its first n tokens are the chain it drafts with k = n
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

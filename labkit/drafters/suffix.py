@@ -131,6 +131,7 @@ def speculate(node: _Node, max_nodes: int, max_depth: int, min_prob: float) -> t
 class SuffixDrafter(Drafter):
     """Suffix decoding: a tree of the likeliest continuations of the longest matching suffix (no model)."""
     name = "suffix"
+    best_first = True                   # grown best first: the first n nodes are the tree of budget n
 
     def __init__(self, max_pattern: int = 12, max_depth: int = 16, spec_factor: float = 2.0, min_prob: float = 0.1,
                  remember: bool = False):

@@ -1,5 +1,9 @@
 """Train an EAGLE head on the frozen target's features: python -m labkit.heads.train_eagle.
 
+With `--kind eagle3` the head is EAGLE-3's (drafters/eagle3.py): it reads the fused outputs of three
+target blocks (features extracted with `--layers`), learns from tokens alone, and with
+`--ttt-steps K` trains unrolled K steps on its own outputs (training-time test).
+
 Self-distillation as in EAGLE (Li et al. 2024, sec. 4): for every position t of the corpus the
 head sees the pair (f_t, x_{t+1}) and must predict the next feature f_{t+1} (smooth-L1
 regression) and, through the target's frozen LM head, the target's own greedy token after it
@@ -22,6 +26,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..drafters.eagle import EagleConfig, EagleHead, save_eagle
+from ..drafters.eagle3 import Eagle3Head, eagle3_loss
 from ..models.loading import load_model
 from .features import FeatureSet, default_features_dir
 
@@ -51,6 +56,20 @@ def eagle_loss(head: EagleHead, embed: torch.nn.Embedding, lm_rows: torch.Tensor
     return reg + cls_weight * cls, float(reg.detach()), float(cls.detach()), correct, int(valid.sum())
 
 
+def resumed(path: Path, kind: str) -> tuple[dict, dict]:
+    """(config, weights with "draft_vocab") of the head saved in `path`, to continue training it."""
+    import json
+
+    from safetensors.torch import load_file
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"--resume: no head in {path} to continue; train one first (without --resume)")
+    config = json.loads((path / "config.json").read_text())
+    if config.get("kind", "eagle") != kind:
+        raise ValueError(f"--resume: the head in {path} is {config.get('kind')!r}, not {kind!r}: pass --kind "
+                         f"{config.get('kind')} or another --out")
+    return config, load_file(path / "model.safetensors")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
@@ -66,6 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heldout", type=int, default=16, help="sequences held out for evaluation")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kind", choices=("eagle", "eagle3"), default="eagle",
+                    help="eagle: EAGLE-1 (final feature, feature regression); eagle3: fused blocks, tokens only")
+    ap.add_argument("--ttt-steps", type=int, default=1,
+                    help="EAGLE-3 training-time test: steps the head is unrolled on its own outputs (1: none)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from the head in --out (same kind and layers) on these features: more data, "
+                         "not a fresh start; its record of every run and token seen is kept")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -74,13 +100,38 @@ def main(argv: list[str] | None = None) -> None:
     fs = FeatureSet(args.features or default_features_dir(args.model), n_heldout=args.heldout)
     tokens, hidden, target_next = fs.split("train")
     draft_vocab = target_next[:, 1:].unique()                                           # (Vd,) sorted ids
+    previous, state = {}, None
+    if args.resume:
+        previous, state = resumed(Path(args.out), args.kind)
+        draft_vocab = torch.cat([draft_vocab, state.pop("draft_vocab").long()]).unique()   # the union: any order works
+        args.hidden_dim = previous["hidden_dim"]
+        if previous.get("layers", []) != fs.meta.get("layers", []) and args.kind == "eagle3":
+            raise ValueError(f"--resume: the head fuses blocks {previous['layers']}, these features tapped "
+                             f"{fs.meta.get('layers')}: extract features with --layers "
+                             f"{','.join(map(str, previous['layers']))}")
     vocab_map = torch.full((target.vocab_size,), -1, dtype=torch.long)
     vocab_map[draft_vocab] = torch.arange(draft_vocab.numel())
     lm_rows = target.lm_head.weight[draft_vocab].detach().float()                       # (Vd, D), frozen
     embed = torch.nn.Embedding.from_pretrained(target.embed_tokens.weight.float(), freeze=True)
     del target.layers                                                                   # only the embedding and LM head are needed
-    head = EagleHead(EagleConfig.for_target(target, args.hidden_dim, args.model), target.vocab_size,
-                     fs.meta.get("seq_len", 256)).float().train()
+    if args.kind == "eagle3":
+        taps = {part: fs.taps_of(part) for part in ("train", "heldout")}               # (S, T, 3D) each
+        cfg = EagleConfig.for_target(target, args.hidden_dim, args.model, layers=fs.meta["layers"])
+        head = Eagle3Head(cfg, target.vocab_size, fs.meta.get("seq_len", 256)).float().train()
+    else:
+        head = EagleHead(EagleConfig.for_target(target, args.hidden_dim, args.model), target.vocab_size,
+                         fs.meta.get("seq_len", 256)).float().train()
+
+    def batch_loss(part, tokens, hidden, target_next, rows=slice(None)):
+        """(loss, regression loss or None, token loss, top-1 correct, count): at step 0 for EAGLE-3."""
+        if args.kind == "eagle":
+            return eagle_loss(head, embed, lm_rows, vocab_map, tokens[rows], hidden[rows], target_next[rows],
+                              args.cls_weight, noise=args.noise if part == "train" else 0.0)
+        r = eagle3_loss(head, embed, lm_rows, vocab_map, tokens[rows], taps[part][rows].float(), target_next[rows],
+                        steps=args.ttt_steps)
+        return r.loss, None, r.per_step[0], r.correct[0], r.count[0]
+    if state is not None:
+        head.load_state_dict({k: v.float() for k, v in state.items()})
     n_params = sum(p.numel() for p in head.parameters())
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     steps_per_epoch = math.ceil(tokens.shape[0] / args.batch_size)
@@ -94,16 +145,15 @@ def main(argv: list[str] | None = None) -> None:
     bar = tqdm(total=total, desc="eagle", unit="step")
     while step < total and time.perf_counter() - t0 < args.minutes * 60:
         for rows in torch.randperm(tokens.shape[0], generator=g).split(args.batch_size):
-            loss, reg, cls, correct, count = eagle_loss(head, embed, lm_rows, vocab_map, tokens[rows], hidden[rows],
-                                                        target_next[rows], args.cls_weight, noise=args.noise)
+            loss, reg, cls, correct, count = batch_loss("train", tokens, hidden, target_next, rows)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
             opt.step()
             sched.step()
             step += 1
-            curve.append({"step": step, "loss": round(float(loss), 4), "reg": round(reg, 4), "cls": round(cls, 4),
-                          "top1": round(correct / count, 4)})
+            curve.append({"step": step, "loss": round(float(loss), 4), "reg": None if reg is None else round(reg, 4),
+                          "cls": round(cls, 4), "top1": round(correct / count, 4)})
             bar.update(1)
             bar.set_postfix(loss=f"{float(loss):.3f}", cls=f"{cls:.2f}", top1=f"{correct / count:.2f}")
             if step >= total or time.perf_counter() - t0 >= args.minutes * 60:
@@ -114,17 +164,24 @@ def main(argv: list[str] | None = None) -> None:
     head.eval()
     h_tokens, h_hidden, h_next = fs.split("heldout")
     with torch.no_grad():
-        _, reg, cls, correct, count = eagle_loss(head, embed, lm_rows, vocab_map, h_tokens, h_hidden, h_next)
+        _, reg, cls, correct, count = batch_loss("heldout", h_tokens, h_hidden, h_next)
     in_vocab = float((vocab_map[h_next[:, 1:]] >= 0).float().mean())
-    print(f"held out: reg {reg:.4f}, cls {cls:.3f}, top-1 {correct / count:.3f} "
+    print(f"held out: {'' if reg is None else f'reg {reg:.4f}, '}cls {cls:.3f}, top-1 {correct / count:.3f} "
           f"(draft vocabulary covers {in_vocab:.1%} of the target's tokens)")
     meta = {"base_model": args.model, "draft_vocab_size": int(draft_vocab.numel()), "parameters": n_params,
             "train": {"steps": step, "seconds": round(train_seconds, 1), "batch_size": args.batch_size,
                       "lr": args.lr, "noise": args.noise, "cls_weight": args.cls_weight, "seed": args.seed, "epochs_planned": args.epochs,
                       "first": curve[0], "last": curve[-1], "curve": curve[:: max(1, len(curve) // 50)]},
-            "heldout": {"sequences": args.heldout, "reg": round(reg, 4), "cls": round(cls, 4),
+            "kind": args.kind, "ttt_steps": args.ttt_steps,
+            "heldout": {"sequences": args.heldout, "reg": None if reg is None else round(reg, 4), "cls": round(cls, 4),
                         "top1": round(correct / count, 4), "draft_vocab_coverage": round(in_vocab, 4)},
             "features": fs.meta, "command": "python -m labkit.heads.train_eagle " + " ".join(argv or [])}
+    # every run this head has had, with the tokens it trained on: what the data curve's x axis counts
+    this_run = {"features": fs.meta.get("corpus"), "training_tokens": int(tokens.shape[0] * (tokens.shape[1] - 1)),
+                "tokens_processed": int(step * args.batch_size * (tokens.shape[1] - 1)), "steps": step,
+                "seconds": round(train_seconds, 1), "ttt_steps": args.ttt_steps}
+    meta["runs"] = previous.get("runs", []) + [this_run]
+    meta["tokens_seen"] = sum(r["training_tokens"] for r in meta["runs"])
     save_eagle(head, draft_vocab, Path(args.out), meta)
     print(f"saved {args.out}")
 
