@@ -14,7 +14,7 @@ from labkit.drafters.eagle import (
     load_eagle,
     save_eagle,
 )
-from labkit.heads.train_eagle import eagle_loss
+from labkit.heads.train_eagle import eagle_loss, vocab_index
 
 
 def tiny_head(target, seed=0):
@@ -70,8 +70,7 @@ def test_training_learns_and_checkpoint_round_trips(tiny_target, tmp_path):
         hidden = tiny_target.hidden(tokens, tiny_target.new_cache(batch_size=16, max_len=24))   # (16, 24, D)
         target_next = tiny_target.lm_head(hidden).argmax(-1)                                   # (16, 24)
     vocab = target_next.unique()
-    vocab_map = torch.full((tiny_target.vocab_size,), -1)
-    vocab_map[vocab] = torch.arange(vocab.numel())
+    vocab_map = vocab_index(vocab, tiny_target.vocab_size)
     head = tiny_head(tiny_target).float().train()
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
     lm_rows = tiny_target.lm_head.weight[vocab]

@@ -16,6 +16,7 @@ from labkit.drafters.eagle3 import (
     unrolled_logits,
 )
 from labkit.heads.features import FeatureSet, extract_features
+from labkit.heads.train_eagle import vocab_index
 from labkit.models.target import as_tree_target
 
 LAYERS = (0, 2, 3)
@@ -89,8 +90,7 @@ def test_unrolled_training_learns_every_step_and_round_trips(target, tmp_path):
     tokens, _, target_next = fs.split("train")
     taps = fs.taps_of("train").float()
     vocab = target_next.unique()
-    vocab_map = torch.full((target.vocab_size,), -1)
-    vocab_map[vocab] = torch.arange(vocab.numel())
+    vocab_map = vocab_index(vocab, target.vocab_size)
     head = head_for(target).float().train()
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
     rows = target.lm_head.weight[vocab]

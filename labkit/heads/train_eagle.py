@@ -31,6 +31,13 @@ from ..models.loading import load_model
 from .features import FeatureSet, default_features_dir
 
 
+def vocab_index(draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(vocab_size,) the position of each target token id in the draft vocabulary, -1 where it is not in it."""
+    vocab_map = torch.full((vocab_size,), -1, dtype=torch.long)
+    vocab_map[draft_vocab] = torch.arange(draft_vocab.numel())
+    return vocab_map
+
+
 def eagle_loss(head: EagleHead, embed: torch.nn.Embedding, lm_rows: torch.Tensor, vocab_map: torch.Tensor,
                tokens: torch.Tensor, hidden: torch.Tensor, target_next: torch.Tensor, cls_weight: float = 0.1,
                noise: float = 0.0, bf16: bool = False):
@@ -109,8 +116,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--resume: the head fuses blocks {previous['layers']}, these features tapped "
                              f"{fs.meta.get('layers')}: extract features with --layers "
                              f"{','.join(map(str, previous['layers']))}")
-    vocab_map = torch.full((target.vocab_size,), -1, dtype=torch.long)
-    vocab_map[draft_vocab] = torch.arange(draft_vocab.numel())
+    vocab_map = vocab_index(draft_vocab, target.vocab_size)
     lm_rows = target.lm_head.weight[draft_vocab].detach().float()                       # (Vd, D), frozen
     embed = torch.nn.Embedding.from_pretrained(target.embed_tokens.weight.float(), freeze=True)
     del target.layers                                                                   # only the embedding and LM head are needed
