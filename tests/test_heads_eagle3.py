@@ -13,6 +13,7 @@ from labkit.drafters.eagle3 import (
     default_layers,
     eagle3_loss,
     layer_taps,
+    load_eagle3,
     unrolled_logits,
 )
 from labkit.heads.features import FeatureSet, extract_features
@@ -106,8 +107,10 @@ def test_unrolled_training_learns_every_step_and_round_trips(target, tmp_path):
     assert float(r.loss) < 0.5 * float(first.loss)
     assert all(a > max(0.7, a0 + 0.3) for a, a0 in zip(acc, acc0)), (acc0, acc)
     save_eagle(head, vocab, tmp_path / "eagle3", {"base_model": "tiny", "ttt_steps": 3})
-    loaded, loaded_vocab, config = load_eagle(tmp_path / "eagle3", target)
+    loaded, loaded_vocab, config = load_eagle3(tmp_path / "eagle3", target)
     assert isinstance(loaded, Eagle3Head) and config["kind"] == "eagle3" and config["layers"] == list(LAYERS)
+    with pytest.raises(ValueError, match="load_eagle3"):
+        load_eagle(tmp_path / "eagle3", target)
     prompt = tokens[0, :8]
     out = tree_generate(target, EagleDrafter(loaded, target, loaded_vocab, top_k=2, depth=4), prompt, 16, budget=8)
     assert out.tokens == autoregressive_generate(target, prompt, 16).tokens

@@ -230,8 +230,11 @@ def save_eagle(head: EagleHead, draft_vocab: torch.Tensor, out_dir: Path, meta: 
     (out_dir / "config.json").write_text(json.dumps({"kind": head.kind, **asdict(head.cfg), **meta}, indent=1) + "\n")
 
 
-def load_eagle(path: str | Path, target: Transformer) -> tuple[EagleHead, torch.Tensor, dict]:
-    """(head in the target's dtype and device, draft vocabulary (Vd,), config) from `save_eagle`'s directory."""
+def load_eagle(path: str | Path, target: Transformer, head_class: type = EagleHead
+               ) -> tuple[EagleHead, torch.Tensor, dict]:
+    """(head in the target's dtype and device, draft vocabulary (Vd,), config) from `save_eagle`'s directory.
+
+    head_class: the head the directory holds (its config's "kind"); eagle3.load_eagle3 passes Eagle3Head."""
     from safetensors.torch import load_file
     path = Path(path)
     if not (path / "config.json").exists():
@@ -245,11 +248,11 @@ def load_eagle(path: str | Path, target: Transformer) -> tuple[EagleHead, torch.
                          f"the target's are {target.args.dim}: train a head for this target")
     state = load_file(path / "model.safetensors")
     draft_vocab = state.pop("draft_vocab").long()
-    if config.get("kind", "eagle") == "eagle3":
-        from .eagle3 import Eagle3Head
-        head = Eagle3Head(cfg, target.vocab_size, target.max_seq_len)
-    else:
-        head = EagleHead(cfg, target.vocab_size, target.max_seq_len)
+    kind = config.get("kind", "eagle")
+    if kind != head_class.kind:
+        loader = "labkit.drafters.eagle3.load_eagle3" if kind == "eagle3" else "labkit.drafters.eagle.load_eagle"
+        raise ValueError(f"{path} holds an {kind} head, not {head_class.kind}: load it with {loader}")
+    head = head_class(cfg, target.vocab_size, target.max_seq_len)
     head.load_state_dict(state)
     p = target.embed_tokens.weight
     head = head.to(device=p.device, dtype=p.dtype).eval().requires_grad_(False)

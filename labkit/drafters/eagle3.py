@@ -38,7 +38,7 @@ from ..models.kv_cache import KVCache
 from ..models.layers import rope_cos_sin
 from ..models.target import TreeTarget
 from ..models.transformer import Transformer, positions_and_mask
-from .eagle import EagleConfig, EagleHead
+from .eagle import EagleConfig, EagleHead, load_eagle
 
 
 def default_layers(n_layers: int) -> tuple[int, int, int]:
@@ -131,6 +131,11 @@ class GradCache:
 
     def advance(self, n_tokens: int) -> None:
         self.length += n_tokens
+
+
+def load_eagle3(path, target: Transformer) -> tuple[Eagle3Head, torch.Tensor, dict]:
+    """(head, draft vocabulary (Vd,), config) of an EAGLE-3 head saved with eagle.save_eagle."""
+    return load_eagle(path, target, Eagle3Head)
 
 
 def unrolled_masks(n: int, k: int) -> torch.Tensor:
