@@ -29,6 +29,12 @@ def test_a_prompt_quoting_a_benchmark_question_is_recognised():
     assert not shingles("Explain how a hash map resolves collisions with open addressing, briefly.") & bench
 
 
+def test_no_instruction_itself_quotes_a_benchmark_question():
+    """Else every code prompt with that instruction would be dropped as benchmark-like."""
+    bench = benchmark_shingles()
+    assert not [key for key, text in INSTRUCTIONS.items() if shingles(text) & bench]
+
+
 def test_code_prompts_are_stdlib_functions_with_an_instruction():
     prompts = [p for _, p in zip(range(12), code_prompts(seed=0))]
     assert len({p["id"] for p in prompts}) == 12

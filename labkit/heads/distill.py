@@ -8,7 +8,8 @@ target's own answers, the distribution the head is tested on. This module makes 
 - code prompts: functions of Python's standard library (6-40 lines), each with one instruction
   (explain it, add type hints and a docstring, write pytest tests, refactor it, review it);
 - none is a benchmark question: a prompt sharing any run of 8 words with a question or earlier
-  answer in `data/questions/` is dropped (and counted);
+  answer in `data/questions/` is dropped (and counted); the instructions are worded so that they
+  share none themselves (a code-edit question asks to add type hints in other words);
 - answers: the target's greedy continuation after its chat template, `max_new_tokens` at most,
   decoded B prompts per forward (batched; on a CPU a forward of 8 rows costs about one of 1).
 
@@ -35,7 +36,7 @@ from .corpus import is_englishish, sharegpt_records, sharegpt_wheel, stdlib_file
 QUESTIONS_DIR = Path(__file__).resolve().parents[2] / "data" / "questions"
 INSTRUCTIONS = {
     "explain": "Explain what this Python function does, step by step.",
-    "types": "Add type hints and a docstring to this Python function.",
+    "types": "Annotate this Python function with type hints and document it in a docstring.",
     "tests": "Write pytest tests for this Python function.",
     "refactor": "Refactor this Python function for readability without changing its behaviour.",
     "review": "Review this Python function: point out bugs, edge cases and possible improvements.",
