@@ -23,8 +23,9 @@ The first steps verify the largest and the smallest tree (two sizes for the cost
 every `explore_every`-th step verifies a larger tree: twice the best budget so far, or the
 largest whose fitted verify costs at most 25% more than the best's. So the estimate for larger
 trees stays fresh, a budget that pays can keep growing, and where large verifies are dear (on a
-CPU a 64-node verify can cost four one-token steps) exploring does not pay for the largest. (Under sampling, acceptance along the path depends on the other nodes, and
-the counterfactual is an estimate.)
+CPU a 64-node verify can cost four one-token steps) exploring does not pay for the largest.
+(Under sampling, acceptance along the path depends on the other nodes, and the counterfactual
+is an estimate.)
 """
 from __future__ import annotations
 
@@ -71,12 +72,6 @@ class FixedBudget:
 
     def budget(self) -> int:
         return self.nodes
-
-    def explore_budget(self, best: int) -> int:
-        """Twice the best budget, or further while a verify costs at most 25% more than the best's."""
-        limit = 1.25 * self.verify(best + 1)
-        cheap = max(n for n in range(best, self.max_budget + 1) if n == best or self.verify(n + 1) <= limit)
-        return max(min(self.max_budget, 2 * best), cheap)
 
     def update(self, step: Step) -> None:
         pass

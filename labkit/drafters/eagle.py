@@ -86,6 +86,10 @@ class EagleHead(nn.Module):
         """What the LM head reads from the head's output: the predicted feature itself."""
         return out
 
+    def tree_target(self, target):
+        """The tree loop's target: its features are the final hidden states this head reads, as given."""
+        return target
+
     def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache: KVCache,
                 positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Next features (B, T, D) from pairs (f_t, embed(x_{t+1})): features, token_embeds (B, T, D)."""
@@ -130,7 +134,7 @@ class EagleDrafter(Drafter):
         return self.readout(self.head.readout_input(f)).float().log_softmax(-1)
 
     def tree_target(self, target):
-        return self.head.tree_target(target) if hasattr(self.head, "tree_target") else target
+        return self.head.tree_target(target)
 
     def start(self, prompt_ids, features=None):
         self.tokens = prompt_ids.tolist()
@@ -230,23 +234,28 @@ def save_eagle(head: EagleHead, draft_vocab: torch.Tensor, out_dir: Path, meta: 
     (out_dir / "config.json").write_text(json.dumps({"kind": head.kind, **asdict(head.cfg), **meta}, indent=1) + "\n")
 
 
-def load_eagle(path: str | Path, target: Transformer, head_class: type = EagleHead
-               ) -> tuple[EagleHead, torch.Tensor, dict]:
-    """(head in the target's dtype and device, draft vocabulary (Vd,), config) from `save_eagle`'s directory.
-
-    head_class: the head the directory holds (its config's "kind"); eagle3.load_eagle3 passes Eagle3Head."""
+def read_eagle(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config, weights with "draft_vocab") as `save_eagle` wrote them, as stored (bf16)."""
     from safetensors.torch import load_file
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no EAGLE head in {path}: train one with `python -m labkit.heads.train_eagle` "
                                 "(see data/heads/README.md)")
-    config = json.loads((path / "config.json").read_text())
+    return json.loads((path / "config.json").read_text()), load_file(path / "model.safetensors")
+
+
+def load_eagle(path: str | Path, target: Transformer, head_class: type = EagleHead
+               ) -> tuple[EagleHead, torch.Tensor, dict]:
+    """(head in the target's dtype and device, draft vocabulary (Vd,), config) from `save_eagle`'s directory.
+
+    head_class: the head the directory holds (its config's "kind"); eagle3.load_eagle3 passes Eagle3Head."""
+    path = Path(path)
+    config, state = read_eagle(path)
     fields = EagleConfig.__dataclass_fields__
     cfg = EagleConfig(**{k: config[k] for k in fields if k in config})
     if cfg.dim != target.args.dim:
         raise ValueError(f"this EAGLE head was trained for features of width {cfg.dim} ({cfg.base_model}), "
                          f"the target's are {target.args.dim}: train a head for this target")
-    state = load_file(path / "model.safetensors")
     draft_vocab = state.pop("draft_vocab").long()
     kind = config.get("kind", "eagle")
     if kind != head_class.kind:

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.distilled:
         records = read_records(Path(args.distilled))
         seqs = distilled_sequences(records, args.seq_len, loaded.eos_token_ids[:1])
-        corpus = {"self_distilled": args.distilled.split("/")[-1], "conversations": len(records),
+        corpus = {"self_distilled": Path(args.distilled).name, "conversations": len(records),
                   "answer_tokens": sum(len(r["answer_ids"]) for r in records)}
     else:
         seqs = training_sequences(loaded.tokenizer, args.n_stdlib, args.n_sharegpt, args.seq_len, args.seed)

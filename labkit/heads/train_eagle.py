@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..drafters.eagle import EagleConfig, EagleHead, save_eagle
+from ..drafters.eagle import EagleConfig, EagleHead, read_eagle, save_eagle
 from ..drafters.eagle3 import Eagle3Head, eagle3_loss
 from ..models.loading import load_model
 from .features import FeatureSet, default_features_dir
@@ -65,16 +65,11 @@ def eagle_loss(head: EagleHead, embed: torch.nn.Embedding, lm_rows: torch.Tensor
 
 def resumed(path: Path, kind: str) -> tuple[dict, dict]:
     """(config, weights with "draft_vocab") of the head saved in `path`, to continue training it."""
-    import json
-
-    from safetensors.torch import load_file
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"--resume: no head in {path} to continue; train one first (without --resume)")
-    config = json.loads((path / "config.json").read_text())
+    config, state = read_eagle(path)
     if config.get("kind", "eagle") != kind:
         raise ValueError(f"--resume: the head in {path} is {config.get('kind')!r}, not {kind!r}: pass --kind "
                          f"{config.get('kind')} or another --out")
-    return config, load_file(path / "model.safetensors")
+    return config, state
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
             "train": {"steps": step, "seconds": round(train_seconds, 1), "batch_size": args.batch_size,
                       "lr": args.lr, "noise": args.noise, "cls_weight": args.cls_weight, "seed": args.seed, "epochs_planned": args.epochs,
                       "first": curve[0], "last": curve[-1], "curve": curve[:: max(1, len(curve) // 50)]},
-            "kind": args.kind, "ttt_steps": args.ttt_steps,
+            "ttt_steps": args.ttt_steps,
             "heldout": {"sequences": args.heldout, "reg": None if reg is None else round(reg, 4), "cls": round(cls, 4),
                         "top1": round(correct / count, 4), "draft_vocab_coverage": round(in_vocab, 4)},
             "features": fs.meta, "command": "python -m labkit.heads.train_eagle " + " ".join(argv or [])}
