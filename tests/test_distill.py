@@ -12,6 +12,7 @@ from labkit.heads.distill import (
     code_prompts,
     distill,
     distilled_sequences,
+    heldout_split,
     read_records,
     shingles,
 )
@@ -66,6 +67,36 @@ def test_conversations_pack_into_rows_in_order():
     rows = distilled_sequences(records, seq_len=3, end_ids=(9,))
     assert [r.tolist() for r in rows] == [[1, 2, 3], [4, 5, 9], [6, 7, 9]]    # a cut answer gets an end of turn
     assert distilled_sequences(records, seq_len=20) == []
+
+
+def test_held_out_conversations_stay_held_out_as_the_corpus_grows():
+    records = [{"id": f"r{i}", "source": "sharegpt" if i % 2 else "stdlib"} for i in range(400)]
+    train, held = heldout_split(records[:200], 0.1)
+    assert {r["id"] for r in train} | {r["id"] for r in held} == {r["id"] for r in records[:200]}
+    assert not {r["id"] for r in train} & {r["id"] for r in held} and 8 <= len(held) <= 32
+    train2, held2 = heldout_split(records, 0.1)                     # twice the conversations
+    assert {r["id"] for r in held} <= {r["id"] for r in held2} and {r["id"] for r in train} <= {r["id"] for r in train2}
+    assert [r for r in train2 if r in train] == train                # the same relative order: prefixes are samples
+    assert [r["id"] for r in train] != sorted(r["id"] for r in train)
+    with pytest.raises(ValueError, match="fraction"):
+        heldout_split(records, 1.0)
+
+
+def test_a_feature_set_holds_out_the_conversations_its_meta_names(tiny_target, tmp_path):
+    import torch
+
+    from labkit.heads.features import FeatureSet, extract_features
+    seqs = [torch.arange(i, i + 8) for i in range(10)]
+    meta = {"corpus": {"heldout_sequences": {"sharegpt": 2, "stdlib": 3}}}
+    extract_features(tiny_target, seqs, tmp_path, shard_size=4, meta=meta, progress=False)
+    fs = FeatureSet(tmp_path)
+    assert fs.n_train == 5 and fs.heldout_rows() == {"sharegpt": slice(0, 2), "stdlib": slice(2, 5)}
+    assert fs.split("heldout")[0][fs.heldout_rows()["stdlib"]][0].tolist() == list(range(7, 15))
+    assert FeatureSet(tmp_path, n_heldout=1).heldout_rows() == {"all": slice(0, 1)}
+    meta_path = tmp_path / "meta.json"                               # an extraction stopped before the held-out rows
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "n_sequences_planned": 12}))
+    with pytest.raises(ValueError, match="finish the extraction"):
+        FeatureSet(tmp_path)
 
 
 def test_bad_settings_are_refused(tiny_target, tmp_path):

@@ -198,12 +198,15 @@ def _check_heads_target(m: Models) -> None:
     check_target(["medusa"], m.target.name)
 
 
-def _eagle(top_k: int, depth: int):
+def _eagle(top_k: int, depth: int, kind: str = "eagle"):
+    """The shipped EAGLE-1 head (kind "eagle") or EAGLE-3 head ("eagle3"), drafting a tree or a chain."""
     def make(m: Models):
         _check_heads_target(m)
         from ..drafters.eagle import EagleDrafter, load_eagle
+        from ..drafters.eagle3 import load_eagle3
         from ..drafters.medusa import REPO_HEADS
-        head, vocab, _ = load_eagle(REPO_HEADS / "eagle-qwen2.5-coder-1.5b", m.target.model)
+        head, vocab, _ = (load_eagle3 if kind == "eagle3" else load_eagle)(
+            REPO_HEADS / f"{kind}-qwen2.5-coder-1.5b", m.target.model)
         return EagleDrafter(head, m.target.model, vocab, top_k=top_k, depth=depth)
     return make
 
@@ -309,6 +312,12 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), budget=EAGLE_BUDGET), tree=True),
     Method("eagle-cost-aware", "labkit EAGLE-2 dynamic tree, up to 64 nodes, cost-aware budget", _H,
            _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), _cost_aware(64)), tree=True),
+    Method("eagle3-chain", "labkit EAGLE-3 head, chain of 6", _H,
+           _tree(_eagle(top_k=1, depth=EAGLE_DEPTH, kind="eagle3"), budget=EAGLE_DEPTH)),
+    Method("eagle3-tree", "labkit EAGLE-3 head, EAGLE-2 dynamic tree", _H,
+           _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, kind="eagle3"), budget=EAGLE_BUDGET), tree=True),
+    Method("eagle3-cost-aware", "labkit EAGLE-3 head, dynamic tree up to 64 nodes, cost-aware budget", _H,
+           _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, kind="eagle3"), _cost_aware(64)), tree=True),
     Method("hf-generate", "transformers generate", _HF, _transformers(), PEER_BASELINE),
     Method("hf-assisted", "transformers assisted", _HFD, _transformers(assisted=True), PEER_BASELINE),
     Method("hf-assisted-uag", "transformers assisted, another tokenizer (SmolLM2-135M)", _HFX,

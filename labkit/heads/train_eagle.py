@@ -11,12 +11,19 @@ regression) and, through the target's frozen LM head, the target's own greedy to
 
 CPU economics: the cross-entropy runs over the *draft vocabulary* (every token the target
 produced on the training corpus, a few 10k of 151,936), which is also the vocabulary the drafter
-scores at inference. Training runs in fp32: on this CPU bf16 matmuls over many rows are far
-slower than fp32 (a 4 x 256-token bf16 forward of the target ran at ~4 tokens/s, fp32 at ~30).
+scores at inference. Training runs in fp32 by default: on an AVX2-only CPU bf16 matmuls over many
+rows are far slower than fp32 (a 4 x 256-token bf16 forward of the target ran at ~4 tokens/s, fp32
+at ~30). Where the CPU has bf16 dot products (AVX512_BF16, AMX) `--bf16` autocasts the forward and
+backward and runs about twice as fast (a (2040, 1536) x (1536, 15000) matmul: 0.51 s bf16, 1.08 s
+fp32 on 2 busy cores of an AMD EPYC with AVX512_BF16).
+
+Every run ends with a replay of a greedy chain on the held-out rows (replay.py), recorded in the
+head's config.json next to the run: the data curve (data_curve.py) reads those records.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 from pathlib import Path
@@ -28,7 +35,9 @@ from tqdm.auto import tqdm
 from ..drafters.eagle import EagleConfig, EagleHead, read_eagle, save_eagle
 from ..drafters.eagle3 import Eagle3Head, eagle3_loss
 from ..models.loading import load_model
+from .data_curve import tokens_seen
 from .features import FeatureSet, default_features_dir
+from .replay import eagle_guesses, replay_heldout
 
 
 def vocab_index(draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -63,6 +72,47 @@ def eagle_loss(head: EagleHead, embed: torch.nn.Embedding, lm_rows: torch.Tensor
     return reg + cls_weight * cls, float(reg.detach()), float(cls.detach()), correct, int(valid.sum())
 
 
+REPLAY_DEPTH = 6                    # the chain depth replayed on held-out text (EagleDrafter's default depth)
+
+
+def heldout_replay(head, embed, lm_rows, draft_vocab, fs: FeatureSet, kind: str, depth: int = REPLAY_DEPTH) -> dict:
+    """{source: tokens per forward and per-step acceptance of a greedy chain `depth` deep} on the held-out rows."""
+    tokens = fs.split("heldout")[0]
+    features = fs.taps_of("heldout") if kind == "eagle3" else fs.split("heldout")[1]
+    return replay_heldout(fs, lambda r: eagle_guesses(head, embed, lm_rows, draft_vocab, tokens[r],
+                                                      features[r].float(), depth))
+
+
+def provenance(config: dict) -> str:
+    """PROVENANCE.md of a saved head, from its config.json: what it is, and every run with its data and result."""
+    kind = config.get("kind", "eagle")
+    fm = config.get("features", {})
+    what = (f"EAGLE-3 head: fuse(concat of target blocks {config.get('layers')} outputs, 3D -> D), fc, one decoder "
+            f"layer (SwiGLU width {config['hidden_dim']:,}), RMSNorm; trained on tokens only"
+            if kind == "eagle3" else f"EAGLE-1 head: fc, one decoder layer (SwiGLU width {config['hidden_dim']:,}), "
+                                     "RMSNorm; trained to predict the next feature and token")
+    lines = [f"# {'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} head for {config['base_model']}", "",
+             "Made by `labkit/heads/train_eagle.py` (self-distillation on the frozen target's features).", "",
+             f"- {what}; {config['parameters'] / 1e6:.2f}M parameters stored in bf16 with the draft vocabulary "
+             f"({config['draft_vocab_size']:,} token ids). The target's embedding and LM head are shared, frozen and "
+             "not stored.",
+             f"- Features: {fm.get('model')} computed in {fm.get('dtype')}, {fm.get('seq_len')}-token rows; corpus "
+             f"{json.dumps(fm.get('corpus'))}.",
+             f"- Training tokens seen, over all runs: **{config.get('tokens_seen', 0):,}**.", "",
+             "| run | training rows | training tokens | steps | seconds | TTT steps | held-out replay, tokens per forward |",
+             "|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(config.get("runs", []), 1):
+        rep = ", ".join(f"{src} {v['tokens_per_forward']:.3f}" for src, v in (r.get("replay") or {}).items())
+        lines.append(f"| {i} | {r.get('rows') or 'all'} | {r['training_tokens']:,} | {r['steps']} | {r['seconds']:.0f} | "
+                     f"{r.get('ttt_steps', 1)} | {rep or '-'} |")
+    ho = config.get("heldout", {})
+    lines += ["", f"Held out ({ho.get('sequences')} rows, conversations never trained on): token loss {ho.get('cls')}, "
+              f"step-0 top-1 {ho.get('top1')}, draft vocabulary covers {ho.get('draft_vocab_coverage')} of the target's "
+              "tokens. The replay (labkit/heads/replay.py) is a greedy chain of depth 6 at every held-out root.", "",
+              "Last command:", "", f"    {config.get('command', '')}", ""]
+    return "\n".join(lines)
+
+
 def resumed(path: Path, kind: str) -> tuple[dict, dict]:
     """(config, weights with "draft_vocab") of the head saved in `path`, to continue training it."""
     config, state = read_eagle(path)
@@ -84,13 +134,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--cls-weight", type=float, default=0.1, help="weight of the token loss (EAGLE: 0.1)")
     ap.add_argument("--noise", type=float, default=0.0, help="uniform noise on the input features (EAGLE: 0.1)")
-    ap.add_argument("--heldout", type=int, default=16, help="sequences held out for evaluation")
+    ap.add_argument("--heldout", type=int, default=None,
+                    help="sequences held out for evaluation (default: a self-distilled set's held-out conversations)")
+    ap.add_argument("--rows", default=None,
+                    help="train on these training rows only, A:B (a data curve's slice; with --resume, the new data)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kind", choices=("eagle", "eagle3"), default="eagle",
                     help="eagle: EAGLE-1 (final feature, feature regression); eagle3: fused blocks, tokens only")
     ap.add_argument("--ttt-steps", type=int, default=1,
                     help="EAGLE-3 training-time test: steps the head is unrolled on its own outputs (1: none)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="bf16 autocast for the training forward and backward (fp32 weights and optimizer): about "
+                         "twice as fast where the CPU has bf16 dot products (AVX512_BF16, AMX)")
     ap.add_argument("--resume", action="store_true",
                     help="continue from the head in --out (same kind and layers) on these features: more data, "
                          "not a fresh start; its record of every run and token seen is kept")
@@ -101,6 +157,10 @@ def main(argv: list[str] | None = None) -> None:
     target = load_model(args.model, "bf16").model
     fs = FeatureSet(args.features or default_features_dir(args.model), n_heldout=args.heldout)
     tokens, hidden, target_next = fs.split("train")
+    rows = slice(*(int(x) if x else None for x in args.rows.split(":"))) if args.rows else slice(None)
+    tokens, hidden, target_next = tokens[rows], hidden[rows], target_next[rows]
+    if tokens.shape[0] == 0:
+        raise ValueError(f"--rows {args.rows} selects no training rows (there are {fs.n_train})")
     draft_vocab = target_next[:, 1:].unique()                                           # (Vd,) sorted ids
     previous, state = {}, None
     if args.resume:
@@ -116,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     embed = torch.nn.Embedding.from_pretrained(target.embed_tokens.weight.float(), freeze=True)
     del target.layers                                                                   # only the embedding and LM head are needed
     if args.kind == "eagle3":
-        taps = {part: fs.taps_of(part) for part in ("train", "heldout")}               # (S, T, 3D) each
+        taps = {"train": fs.taps_of("train")[rows], "heldout": fs.taps_of("heldout")}  # (S, T, 3D) each
         cfg = EagleConfig.for_target(target, args.hidden_dim, args.model, layers=fs.meta["layers"])
         head = Eagle3Head(cfg, target.vocab_size, fs.meta.get("seq_len", 256)).float().train()
     else:
@@ -146,17 +206,18 @@ def main(argv: list[str] | None = None) -> None:
     bar = tqdm(total=total, desc="eagle", unit="step")
     while step < total and time.perf_counter() - t0 < args.minutes * 60:
         for rows in torch.randperm(tokens.shape[0], generator=g).split(args.batch_size):
-            loss, reg, cls, correct, count = batch_loss("train", tokens, hidden, target_next, rows)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                loss, reg, cls, correct, count = batch_loss("train", tokens, hidden, target_next, rows)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
             opt.step()
             sched.step()
             step += 1
-            curve.append({"step": step, "loss": round(float(loss), 4), "reg": None if reg is None else round(reg, 4),
+            curve.append({"step": step, "loss": round(float(loss.detach()), 4), "reg": None if reg is None else round(reg, 4),
                           "cls": round(cls, 4), "top1": round(correct / count, 4)})
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.3f}", cls=f"{cls:.2f}", top1=f"{correct / count:.2f}")
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", cls=f"{cls:.2f}", top1=f"{correct / count:.2f}")
             if step >= total or time.perf_counter() - t0 >= args.minutes * 60:
                 break
     bar.close()
@@ -164,26 +225,33 @@ def main(argv: list[str] | None = None) -> None:
 
     head.eval()
     h_tokens, h_hidden, h_next = fs.split("heldout")
-    with torch.no_grad():
-        _, reg, cls, correct, count = batch_loss("heldout", h_tokens, h_hidden, h_next)
+    with torch.no_grad():                      # in batches: K steps of draft-vocabulary logits per row add up
+        parts = [batch_loss("heldout", h_tokens, h_hidden, h_next, r)
+                 for r in torch.arange(h_tokens.shape[0]).split(args.batch_size)]
+    count = sum(p[4] for p in parts)
+    correct = sum(p[3] for p in parts)
+    cls = sum(p[2] * p[4] for p in parts) / count
+    reg = None if parts[0][1] is None else sum(p[1] * p[4] for p in parts) / count
+    replay = heldout_replay(head, embed, lm_rows, draft_vocab, fs, args.kind)
     in_vocab = float((vocab_map[h_next[:, 1:]] >= 0).float().mean())
     print(f"held out: {'' if reg is None else f'reg {reg:.4f}, '}cls {cls:.3f}, top-1 {correct / count:.3f} "
           f"(draft vocabulary covers {in_vocab:.1%} of the target's tokens)")
     meta = {"base_model": args.model, "draft_vocab_size": int(draft_vocab.numel()), "parameters": n_params,
             "train": {"steps": step, "seconds": round(train_seconds, 1), "batch_size": args.batch_size,
-                      "lr": args.lr, "noise": args.noise, "cls_weight": args.cls_weight, "seed": args.seed, "epochs_planned": args.epochs,
+                      "lr": args.lr, "bf16_autocast": args.bf16, "noise": args.noise, "cls_weight": args.cls_weight, "seed": args.seed, "epochs_planned": args.epochs,
                       "first": curve[0], "last": curve[-1], "curve": curve[:: max(1, len(curve) // 50)]},
             "ttt_steps": args.ttt_steps,
-            "heldout": {"sequences": args.heldout, "reg": None if reg is None else round(reg, 4), "cls": round(cls, 4),
+            "heldout": {"sequences": int(h_tokens.shape[0]), "replay": replay, "reg": None if reg is None else round(reg, 4), "cls": round(cls, 4),
                         "top1": round(correct / count, 4), "draft_vocab_coverage": round(in_vocab, 4)},
-            "features": fs.meta, "command": "python -m labkit.heads.train_eagle " + " ".join(argv or [])}
+            "features": fs.meta, "command": ("python -m labkit.heads.train_eagle " + " ".join(argv or [])).replace(str(Path.home()), "~")}
     # every run this head has had, with the tokens it trained on: what the data curve's x axis counts
-    this_run = {"features": fs.meta.get("corpus"), "training_tokens": int(tokens.shape[0] * (tokens.shape[1] - 1)),
+    this_run = {"features": fs.meta.get("corpus"), "rows": args.rows, "replay": replay, "training_tokens": int(tokens.shape[0] * (tokens.shape[1] - 1)),
                 "tokens_processed": int(step * args.batch_size * (tokens.shape[1] - 1)), "steps": step,
                 "seconds": round(train_seconds, 1), "ttt_steps": args.ttt_steps}
     meta["runs"] = previous.get("runs", []) + [this_run]
-    meta["tokens_seen"] = sum(r["training_tokens"] for r in meta["runs"])
+    meta["tokens_seen"] = tokens_seen(meta["runs"])                   # distinct: a rerun over rows adds none
     save_eagle(head, draft_vocab, Path(args.out), meta)
+    (Path(args.out) / "PROVENANCE.md").write_text(provenance(json.loads((Path(args.out) / "config.json").read_text())))
     print(f"saved {args.out}")
 
 

