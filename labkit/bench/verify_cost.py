@@ -16,8 +16,6 @@ the numbers are this machine's).
 from __future__ import annotations
 
 import json
-import os
-import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,25 +25,17 @@ from tqdm import tqdm
 from ..hw.device import measure_copy_bandwidth, measure_matmul_flops
 from ..hw.roofline import forward_cost
 from ..models.backends import QUANTIZED
-from ..models.calibrate import isa_label, machine, time_forwards
+from ..models.calibrate import (  # noqa: F401
+    cpu_slug,
+    isa_label,
+    load_average,
+    machine,
+    machine_slug,
+    time_forwards,
+)
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 BYTES = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5}
-
-
-def cpu_slug(name: str) -> str:
-    """'AMD EPYC 9B45' -> 'amd-epyc-9b45' (for file names)."""
-    return re.sub(r"[^a-z0-9]+", "-", re.sub(r"\((r|tm)\)|cpu|processor|@.*", "", name.lower())).strip("-")
-
-
-def machine_slug(m: dict) -> str:
-    """'intel-xeon_avx512-bf16-amx': the CPU's name and its ISA (one name can cover CPUs of several generations)."""
-    isa = m["isa"].replace("_", "-") + ("-amx" if "amx_bf16" in m.get("units", []) else "")
-    return f"{cpu_slug(m['cpu'])}_{isa}"
-
-
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 @torch.no_grad()

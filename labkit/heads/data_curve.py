@@ -170,8 +170,7 @@ def report(curves: dict[str, list[dict]], sources: list[str], taus: tuple[float,
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..bench.verify_cost import load_average
-    from ..models.calibrate import isa_label, machine
+    from ..models.calibrate import isa_label, load_average, machine
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--features", required=True, help="a self-distilled feature set with tapped blocks")
     ap.add_argument("--points", default="32,64,128,256", help="cumulative training rows after each run")

@@ -179,8 +179,7 @@ def measure_paths(model_name: str, specs: list[tuple[str, str]], batch_size: int
 
 def write_measurement(model_name: str, specs, batch_size: int, seq_len: int, layers: tuple[int, ...],
                       out_dir: Path = Path(__file__).resolve().parents[2] / "data" / "bench") -> Path:
-    from ..bench.verify_cost import load_average, machine_slug
-    from ..models.calibrate import isa_label, machine
+    from ..models.calibrate import isa_label, load_average, machine, machine_slug
     m, load_before = machine(), load_average()
     rows = measure_paths(model_name, specs, batch_size, seq_len, layers)
     lines = [f"# Feature extraction speed: `{model_name}` on {m['cpu']}", "",

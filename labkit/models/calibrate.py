@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
@@ -61,6 +62,21 @@ def isa_label(m: dict | None = None) -> str:
     m = m or machine()
     parts = {"avx512_bf16": "AVX-512 + AVX512_BF16", "avx512": "AVX-512", "avx2": "AVX2", "none": "no AVX2"}[m["isa"]]
     return parts + (" + AMX" if "amx_bf16" in m["units"] else "")
+
+
+def cpu_slug(name: str) -> str:
+    """'AMD EPYC 9B45' -> 'amd-epyc-9b45' (for file names)."""
+    return re.sub(r"[^a-z0-9]+", "-", re.sub(r"\((r|tm)\)|cpu|processor|@.*", "", name.lower())).strip("-")
+
+
+def machine_slug(m: dict) -> str:
+    """'intel-xeon_avx512-bf16-amx': the CPU's name and its ISA (one name can cover CPUs of several generations)."""
+    isa = m["isa"].replace("_", "-") + ("-amx" if "amx_bf16" in m.get("units", []) else "")
+    return f"{cpu_slug(m['cpu'])}_{isa}"
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 @dataclass
