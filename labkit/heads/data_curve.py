@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from ..models.hub import cache_dir
+from .features import row_range
 
 # head -> (training module, its arguments); {k} is the training-time-test depth
 HEADS = {
@@ -68,11 +69,11 @@ def tokens_seen(runs: list[dict]) -> int:
     for run in runs:
         corpus = run.get("features") or {}
         n_train = corpus.get("train_sequences") if isinstance(corpus, dict) else None
-        start, stop = (int(x) if x else None for x in (run.get("rows") or ":").split(":"))
-        if stop is None and n_train is None:                                           # rows unknown: all new
+        part = row_range(run.get("rows"))
+        if part.stop is None and n_train is None:                                      # rows unknown: all new
             total += run["training_tokens"]
             continue
-        rows = range(start or 0, n_train if stop is None else min(stop, n_train or stop))
+        rows = range(part.start or 0, n_train if part.stop is None else min(part.stop, n_train or part.stop))
         if not rows:
             continue
         per_row = run["training_tokens"] / len(rows)

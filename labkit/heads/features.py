@@ -95,6 +95,11 @@ def extract_features(target: Transformer, sequences: list[torch.Tensor], out_dir
     return out_dir
 
 
+def row_range(spec: str | None) -> slice:
+    """The rows "A:B" (either end may be left out; None: all) of a feature set's training part, as a slice."""
+    return slice(*(int(x) if x else None for x in spec.split(":"))) if spec else slice(None)
+
+
 class FeatureSet:
     """The shards of a feature directory in memory; the last `n_heldout` sequences are held out for eval
     (default: the held-out conversations of a self-distilled set, none otherwise)."""

@@ -36,7 +36,7 @@ from ..drafters.eagle import EagleConfig, EagleHead, read_eagle, save_eagle
 from ..drafters.eagle3 import Eagle3Head, eagle3_loss
 from ..models.loading import load_model
 from .data_curve import tokens_seen
-from .features import FeatureSet, default_features_dir
+from .features import FeatureSet, default_features_dir, row_range
 from .replay import eagle_guesses, replay_heldout
 
 
@@ -77,8 +77,8 @@ REPLAY_DEPTH = 6                    # the chain depth replayed on held-out text 
 
 def heldout_replay(head, embed, lm_rows, draft_vocab, fs: FeatureSet, kind: str, depth: int = REPLAY_DEPTH) -> dict:
     """{source: tokens per forward and per-step acceptance of a greedy chain `depth` deep} on the held-out rows."""
-    tokens = fs.split("heldout")[0]
-    features = fs.taps_of("heldout") if kind == "eagle3" else fs.split("heldout")[1]
+    tokens, hidden, _ = fs.split("heldout")
+    features = fs.taps_of("heldout") if kind == "eagle3" else hidden
     return replay_heldout(fs, lambda r: eagle_guesses(head, embed, lm_rows, draft_vocab, tokens[r],
                                                       features[r].float(), depth))
 
@@ -108,7 +108,8 @@ def provenance(config: dict) -> str:
     ho = config.get("heldout", {})
     lines += ["", f"Held out ({ho.get('sequences')} rows, conversations never trained on): token loss {ho.get('cls')}, "
               f"step-0 top-1 {ho.get('top1')}, draft vocabulary covers {ho.get('draft_vocab_coverage')} of the target's "
-              "tokens. The replay (labkit/heads/replay.py) is a greedy chain of depth 6 at every held-out root.", "",
+              f"tokens. The replay (labkit/heads/replay.py) is a greedy chain of depth {REPLAY_DEPTH} at every held-out "
+              "root.", "",
               "Last command:", "", f"    {config.get('command', '')}", ""]
     return "\n".join(lines)
 
@@ -157,8 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     target = load_model(args.model, "bf16").model
     fs = FeatureSet(args.features or default_features_dir(args.model), n_heldout=args.heldout)
     tokens, hidden, target_next = fs.split("train")
-    rows = slice(*(int(x) if x else None for x in args.rows.split(":"))) if args.rows else slice(None)
-    tokens, hidden, target_next = tokens[rows], hidden[rows], target_next[rows]
+    subset = row_range(args.rows)
+    tokens, hidden, target_next = tokens[subset], hidden[subset], target_next[subset]
     if tokens.shape[0] == 0:
         raise ValueError(f"--rows {args.rows} selects no training rows (there are {fs.n_train})")
     draft_vocab = target_next[:, 1:].unique()                                           # (Vd,) sorted ids
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     embed = torch.nn.Embedding.from_pretrained(target.embed_tokens.weight.float(), freeze=True)
     del target.layers                                                                   # only the embedding and LM head are needed
     if args.kind == "eagle3":
-        taps = {"train": fs.taps_of("train")[rows], "heldout": fs.taps_of("heldout")}  # (S, T, 3D) each
+        taps = {"train": fs.taps_of("train")[subset], "heldout": fs.taps_of("heldout")}  # (S, T, 3D) each
         cfg = EagleConfig.for_target(target, args.hidden_dim, args.model, layers=fs.meta["layers"])
         head = Eagle3Head(cfg, target.vocab_size, fs.meta.get("seq_len", 256)).float().train()
     else:

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from ..drafters.medusa import MedusaHeads, expected_accepted, medusa_tree, save_medusa
 from .data_curve import tokens_seen
-from .features import FeatureSet, default_features_dir
+from .features import FeatureSet, default_features_dir, row_range
 from .replay import medusa_guesses, replay_heldout
 
 IGNORE = -100            # label of (position, head) pairs past the end of the sequence
@@ -285,8 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     # 1. features and the target's LM head
     data = FeatureSet(args.features, n_heldout=args.heldout)
     _, hidden, target_next = data.split("train")
-    rows = slice(*(int(x) if x else None for x in args.rows.split(":"))) if args.rows else slice(None)
-    hidden, target_next = hidden[rows], target_next[rows]
+    hidden, target_next = hidden[row_range(args.rows)], target_next[row_range(args.rows)]
     if hidden.shape[0] == 0:
         raise ValueError(f"--rows {args.rows} selects no training rows (there are {data.n_train})")
     lm_head = load_lm_head_weight(resolve_model(args.model)).float()                # (V, D)
