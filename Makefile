@@ -2,7 +2,7 @@
 #
 #   make venv       .venv with torch (CPU, installed first), requirements.txt and labkit (editable)
 #   make models     download, verify and convert the embedded model pair once (~/.cache/labkit)
-#   make lab        JupyterLab on notebooks/00_tour.ipynb (LAB_PORT=8888, LAB_IP=127.0.0.1)
+#   make lab        JupyterLab on notebooks/00_tour.ipynb, notebooks trusted first (LAB_PORT=8888, LAB_IP=127.0.0.1)
 #   make test       unit + integration tests and every notebook under strict nbval
 #   make test-fast  unit tier only: tiny random models, no download
 #   make bench      python -m labkit bench: every method on data/questions/, the embedded pair
@@ -45,6 +45,7 @@ $(VENV_STAMP): requirements.txt pyproject.toml
 models: venv
 	$(PY) -m labkit fetch
 
+# python -m labkit lab trusts notebooks/*.ipynb first (as `jupyter trust`): their saved widgets are drawn, not text
 lab: venv models
 	@exec $(PY) -m labkit lab --ip $(LAB_IP) --port $(LAB_PORT)
 

@@ -4,8 +4,8 @@ Loads every shipped checkpoint in data/mtp/, decodes held-out prompts (from the 
 never trained on) with the model's own next-token head autoregressively and self-speculatively,
 interleaved prompt by prompt in this one process (one thread); Gloeckle models also draft a tree
 from their heads' top-k (labkit/drafters/mtp_tree.py) at several node budgets. Writes
-data/mtp/results.json, data/mtp/results.md and data/mtp/heldout.txt (the validation windows the
-tests re-evaluate). Run: `python scripts/mtp_results.py` (about 25 minutes);
+data/mtp/results.json and data/mtp/heldout.txt (the validation windows the tests re-evaluate) and
+prints the tables; data/mtp/results.md explains them for the lab's users. Run: `python scripts/mtp_results.py` (about 25 minutes);
 `python scripts/mtp_results.py --models NAME ...` re-measures those models alone and keeps the
 other rows of results.json (each row's timings are its own side-by-side AR vs speculative runs).
 """
@@ -161,7 +161,7 @@ def main(argv=None) -> None:
     result = {"prompts": prompts, "new_tokens": NEW_TOKENS, "prompt_len": PROMPT_LEN, "threads": 1,
               "tree_budget": TREE_BUDGET, "top_k": TOP_K,
               "torch": torch.__version__, "models": rows}
-    write_outputs(DATA / "results", result, markdown)
+    write_outputs(DATA / "results", result)          # data/mtp/results.md explains these numbers: update it from the tables below
     print(markdown(result))
 
 

@@ -1,8 +1,12 @@
 """The lab as a learner meets it: real JupyterLab, Debian's Chromium driven by Playwright.
 
-Starts JupyterLab headless on a free port, opens the stepper notebook (02), runs all its cells
-from the Run menu, presses "next step", moves the γ slider, and checks that the coloured
-tokens and the matplotlib plot appear in the widget. A screenshot goes to test-artifacts/.
+Starts JupyterLab headless on a free port, the way `make lab` does (`python -m labkit lab`, which trusts
+the notebooks first, here into a fresh Jupyter data directory). Before anything runs, opens the notebooks
+with saved widgets (02, 03, 06) and checks that JupyterLab draws the widgets from the state saved in the
+notebook (sliders, buttons, the Output widget's plot), not their text repr `VBox(children=(...`. Then
+opens the stepper notebook (02), runs all its cells from the Run menu, presses "next step", moves the
+γ slider, and checks that the coloured tokens and the matplotlib plot appear in the widget.
+Screenshots go to test-artifacts/ (NN_before_run.png, browser_stepper.png).
 Outside CI a machine without chromium or playwright skips it; in CI (CI=true) that fails.
 """
 from __future__ import annotations
@@ -23,6 +27,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "notebooks/02_greedy_speculative.ipynb"
+# the notebooks whose saved widgets a learner sees before running anything (the stepper, the sliders)
+SAVED_WIDGETS = ["notebooks/02_greedy_speculative.ipynb", "notebooks/03_speculative_sampling.ipynb",
+                 "notebooks/06_tree_speculation.ipynb"]
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+DRAWN_WIDGET = ".jp-OutputArea-output:has(> .jupyter-widgets)"      # an output that shows a widget view
+WIDGET_REPRS = ("VBox(children=", "HBox(children=", "interactive(children=")   # an undrawn widget's text/plain
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -74,8 +85,10 @@ def lab(tmp_path_factory):
         f.write_text(json.dumps(values))
     port, token = free_port(), secrets.token_hex(16)
     cmd = [sys.executable, "-m", "labkit", "lab", "--port", str(port)]      # what `make lab` runs
+    # a fresh Jupyter data directory: no notebook is trusted but by `python -m labkit lab` itself, and the
+    # user's signature database is left alone
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "LAB_TOKEN": token,
+           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTER_DATA_DIR": str(home / "data"), "LAB_TOKEN": token,
            "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces")}
     log = open(home / "lab.log", "w")
     server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -133,6 +146,90 @@ def tracebacks(page) -> list[str]:
     """The error outputs (stderr with a traceback or an error) shown in the notebook."""
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     return [t for t in errors.all_inner_texts() if "Traceback" in t or "Error" in t]
+
+
+def saved_widgets(path: Path) -> dict:
+    """What the notebook file promises to draw before any run: its widget views, sliders, buttons, Output plots."""
+    nb = json.loads(path.read_text())
+    state = nb["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    models = [m["model_name"] for m in state.values()]
+    views = [out for cell in nb["cells"] for out in cell.get("outputs", []) if WIDGET_VIEW in out.get("data", {})]
+    plots = sum("image/png" in out.get("data", {}) for m in state.values() if m["model_name"] == "OutputModel"
+                for out in m["state"].get("outputs", []))
+    return {"views": len(views), "sliders": sum(m.endswith("SliderModel") for m in models),
+            "buttons": models.count("ButtonModel"), "plots": plots, "state": len(state)}
+
+
+def stop_sessions(url: str, token: str) -> None:
+    """Shut down the kernels that opening notebooks started (each holds memory; the run below starts its own)."""
+    with urllib.request.urlopen(f"{url}/api/sessions?token={token}", timeout=30) as response:
+        sessions = json.loads(response.read())
+    for s in sessions:
+        request = urllib.request.Request(f"{url}/api/sessions/{s['id']}?token={token}", method="DELETE")
+        urllib.request.urlopen(request, timeout=30)
+
+
+def test_saved_widgets_are_drawn_before_anything_runs(sync_playwright, lab):
+    """As a learner opens them from `make lab`: stored outputs, nothing run. JupyterLab draws a widget from the
+    state saved in the notebook only when the notebook is trusted; untrusted, it shows `VBox(children=(...`."""
+    url, token, log = lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    def fix_trust() -> str:     # with what the lab said about trust: its start line, the server's warnings
+        said = [line.strip() for line in log.read_text().splitlines() if "trust" in line]
+        return ("the notebook is not trusted: `make lab` (labkit.lab.trust_notebooks) signs notebooks/*.ipynb before "
+                f"the server starts (the lab said: {said[:4]}); by hand: `jupyter trust notebooks/*.ipynb`")
+    fix_state = ("its widget state is not saved in the notebook (metadata.widgets): re-run and save it with "
+                 "the widget state stored (JupyterLab: Settings > Save Widget State Automatically)")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        name = "before"
+        try:
+            for notebook in SAVED_WIDGETS:
+                name = Path(notebook).stem[:2]
+                want = saved_widgets(ROOT / notebook)
+                assert want["views"] and want["state"], f"{notebook} shows no saved widget: {fix_state}"
+                # a workspace per notebook (reset): only this notebook open, no tabs restored from the last one
+                page.goto(f"{url}/lab/workspaces/before-{name}/tree/{notebook}?reset&token={token}")
+                page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+                notebook_view = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
+                views = notebook_view.locator(DRAWN_WIDGET)
+                try:
+                    views.nth(want["views"] - 1).wait_for(state="attached", timeout=30_000)
+                except PlaywrightTimeout:
+                    pass
+                as_text = [t[:80] for t in notebook_view.locator(".jp-OutputArea-output").all_text_contents()
+                           if any(r in t for r in WIDGET_REPRS)]
+                assert not as_text, f"{notebook}: saved widgets shown as text {as_text}: {fix_trust()}"
+                assert views.count() == want["views"], (f"{notebook}: {views.count()} of {want['views']} widget "
+                                                        f"outputs drawn: {fix_state}, or {fix_trust()}")
+                # the opened notebook starts its kernel: the widgets drawn from the notebook survive its arrival
+                page.locator(".jp-StatusBar-TextItem", has_text=re.compile(r"\| Idle$")).first.wait_for(timeout=60_000)
+                cell = notebook_view.locator(".jp-Cell").filter(has=page.locator(DRAWN_WIDGET)).first
+                cell.scroll_into_view_if_needed()
+                page.wait_for_timeout(300)                  # content-visibility: let the cell paint
+                for kind, selector in (("sliders", ".widget-slider"), ("buttons", ".widget-button")):
+                    drawn = views.locator(selector)
+                    assert drawn.count() == want[kind], (f"{notebook}: {drawn.count()} {kind} drawn, the saved state "
+                                                         f"has {want[kind]}: {fix_state}")
+                    for i in range(want[kind]):
+                        drawn.nth(i).scroll_into_view_if_needed()
+                        assert drawn.nth(i).is_visible(), f"{notebook}: {kind} {i + 1} is in the page but not visible"
+                # an Output widget (interact's plot, the stepper's step) redraws the outputs saved in its state
+                plots = views.locator(".widget-output img")
+                assert plots.count() >= want["plots"], (f"{notebook}: {plots.count()} plots drawn inside the widgets, "
+                                                        f"their saved Output state holds {want['plots']}: {fix_state}")
+                for i in range(want["plots"]):
+                    assert plots.nth(i).evaluate("img => img.complete && img.naturalWidth > 100"), \
+                        f"{notebook}: the saved plot {i + 1} inside the widget did not load"
+                cell.locator(".jp-Cell-outputWrapper").screenshot(path=str(ARTIFACTS / f"{name}_before_run.png"))
+                stop_sessions(url, token)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / f"{name}_before_run_failure.png"))
+            raise
+        finally:
+            browser.close()
 
 
 def test_stepper_notebook_runs_in_jupyterlab_and_chromium(sync_playwright, lab):

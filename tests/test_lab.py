@@ -1,8 +1,12 @@
-"""`make lab` (python -m labkit lab): the token stays off command lines, one Ctrl-C stops it, a busy port
-is refused before anything is printed. A real JupyterLab server, started and stopped here."""
+"""`make lab` (python -m labkit lab): the shipped notebooks are trusted (their saved widgets drawn before
+anything runs), the token stays off command lines, one Ctrl-C stops it, a busy port is refused before
+anything is printed. A real JupyterLab server, started and stopped here. Every test keeps its Jupyter data
+directory (signature database, key) in tmp_path: the user's is left alone."""
+import json
 import os
 import pty
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -10,6 +14,11 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import nbformat
+from nbformat.sign import NotebookNotary
+
+from labkit.lab import trust_notebooks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +30,8 @@ def free_port() -> int:
 
 
 def lab_env(tmp_path) -> dict:
-    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "LAB_TOKEN": "",
+    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+            "LAB_TOKEN": "",
             "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
 
@@ -60,6 +70,7 @@ def test_token_stays_off_command_lines_and_one_ctrl_c_stops_the_lab(tmp_path):
                     pass
             assert server.poll() is None and time.monotonic() < deadline, f"the lab did not start:\n{text[-3000:]}"
             time.sleep(0.5)
+        assert re.search(r"\(\d+ notebooks trusted: saved widgets show", text), f"no trust line:\n{text[-3000:]}"
         leaks = [c for c in command_lines() if token in c]
         assert not leaks, f"the token is on a command line: {leaks}"
         assert text.count(token) == 1, "the URL with the token is printed once"
@@ -76,6 +87,26 @@ def test_token_stays_off_command_lines_and_one_ctrl_c_stops_the_lab(tmp_path):
             server.wait()
         os.close(controller), os.close(terminal)
         log.close()
+
+
+def test_the_lab_trusts_the_shipped_notebooks(tmp_path, monkeypatch):
+    """Untrusted, JupyterLab shows a saved widget as text (`VBox(children=(HBox(...`) until its cell runs."""
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(data))
+    # a still copy: others may rewrite notebooks/ while this runs
+    shutil.copytree(ROOT / "notebooks", tmp_path / "repo" / "notebooks", ignore=shutil.ignore_patterns(".*"))
+    shipped = sorted((tmp_path / "repo" / "notebooks").glob("*.ipynb"))
+    with_widgets = [p.name for p in shipped if json.loads(p.read_text())["metadata"].get("widgets")]
+    assert with_widgets, "no notebook has saved widget state (metadata.widgets) to show before a run"
+    with NotebookNotary(data_dir=str(data)) as notary:
+        assert not any(notary.check_signature(nbformat.read(p, as_version=4)) for p in shipped)
+    assert trust_notebooks(tmp_path / "repo") == shipped
+    assert (data / "nbsignatures.db").exists(), "the signatures went to the Jupyter data directory"
+    with NotebookNotary(data_dir=str(data)) as notary:             # what the server checks on opening one
+        untrusted = [p.name for p in shipped if not notary.check_signature(nbformat.read(p, as_version=4))]
+    assert not untrusted, f"still untrusted after labkit.lab.trust_notebooks: {untrusted}"
+    assert trust_notebooks(tmp_path / "repo") == shipped              # again (the next `make lab`): no error
 
 
 def test_a_busy_port_is_refused_before_the_banner(tmp_path):

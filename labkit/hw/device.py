@@ -12,6 +12,7 @@ import platform
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -86,7 +87,7 @@ def cpu_facts() -> dict[str, Measure | str]:
     """Model name and core count from /proc/cpuinfo and the OS, total memory from /proc/meminfo."""
     facts: dict[str, Measure | str] = {"cpu": platform.processor() or platform.machine()}
     try:
-        info = open("/proc/cpuinfo").read()
+        info = Path("/proc/cpuinfo").read_text()
         names = [ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")]
         if names:
             facts["cpu"] = names[0]
@@ -98,7 +99,7 @@ def cpu_facts() -> dict[str, Measure | str]:
     facts["logical cores"] = str(os.cpu_count())
     facts["torch threads"] = str(torch.get_num_threads())
     try:
-        kb = next(int(ln.split()[1]) for ln in open("/proc/meminfo") if ln.startswith("MemTotal"))
+        kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal"))
         facts["memory"] = Measure(kb * 1024, "B", "/proc/meminfo")
     except (OSError, StopIteration):
         pass

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from .device import nvml_handle
 
@@ -111,13 +112,13 @@ class Sampler:
 
 def host_memory_used() -> float:
     """Bytes in use on the host: MemTotal - MemAvailable."""
-    info = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in open("/proc/meminfo")}
+    info = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()}
     return float(info["MemTotal"] - info["MemAvailable"])
 
 
 def process_rss() -> float | None:
     try:
-        return float(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+        return float(int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
     except (OSError, ValueError):
         return None
 

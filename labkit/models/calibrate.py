@@ -23,6 +23,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -39,7 +40,7 @@ CACHE_VERSION = 2
 def cpu_name() -> str:
     """The CPU's model name (from /proc/cpuinfo; the platform's processor string elsewhere)."""
     try:
-        for line in open("/proc/cpuinfo"):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
@@ -77,6 +78,52 @@ def machine_slug(m: dict) -> str:
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def _busy_ticks() -> tuple[int, int]:
+    """(every CPU's busy clock ticks, this process's), from /proc."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return user + nice + system + irq + softirq + steal, int(own[11]) + int(own[12])   # utime + stime
+
+
+class OthersCPU:
+    """Cores other processes kept busy, on average, while a block ran (None where /proc is missing).
+
+        with OthersCPU() as others:
+            ...                                  # the timed runs
+        others.cores                             # e.g. 0.02: quiet; 1.5: the runs shared the CPU
+
+    The load average cannot say this in a notebook: it trails by a minute and counts this process's
+    own work, such as loading the models just before.
+    """
+    cores: float | None = None
+
+    def __enter__(self) -> "OthersCPU":
+        try:
+            self._start = (_busy_ticks(), time.perf_counter())
+        except (OSError, ValueError, IndexError):
+            self._start = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._start is None:
+            return
+        try:
+            (busy0, own0), t0 = self._start
+            busy1, own1 = _busy_ticks()
+        except (OSError, ValueError, IndexError):
+            return
+        seconds = max(1e-9, time.perf_counter() - t0)
+        self.cores = max(0.0, ((busy1 - busy0) - (own1 - own0)) / os.sysconf("SC_CLK_TCK") / seconds)
+
+
+def others_cpu(seconds: float = 1.0) -> float | None:
+    """Cores kept busy by other processes over the next `seconds` (None where /proc is missing)."""
+    with OthersCPU() as others:
+        time.sleep(seconds)
+    return others.cores
 
 
 @dataclass

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .backends import ForwardPath
 from .kv_cache import KVCache
 from .layers import RMSNorm, rope_cos_sin
 from .transformer import Block, ModelArgs, chain_mask
@@ -129,6 +130,11 @@ class MTPModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
+
+    @property
+    def path(self) -> ForwardPath:
+        """The forward path (labkit.models.backends): the reference one, at the weights' precision."""
+        return ForwardPath().filled(self.embed_tokens.weight)
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
         """Trunk + head blocks, one cache (a DeepSeek module's cache: `new_module_cache`)."""

@@ -54,7 +54,7 @@ def plot_distributions(p_target: torch.Tensor, q_draft: torch.Tensor, token_ids:
     ax.set_xticks(x, labels, rotation=60, fontsize="small")
     ax.set_ylabel("probability")
     ax.set_title("the two distributions")
-    ax.margins(y=0.15)
+    ax.set_ylim(0, 1.15 * float(max(p_target[idx].max(), q_draft[idx].max())))
     ax.legend(fontsize="small", frameon=False)
     return ax
 
@@ -69,7 +69,7 @@ def plot_routes(parts: AcceptanceParts, token_ids: list[int], labels: list[str],
     ax.set_xticks(x, labels, rotation=60, fontsize="small")
     ax.set_ylabel("probability")
     ax.set_title(f"where the output comes from (β = {parts.beta:.2f})")
-    ax.margins(y=0.15)
+    ax.set_ylim(0, 1.15 * float((kept + resampled).max()))           # the tallest bar inside the frame
     ax.legend(fontsize="small", frameon=False)
     return ax
 
@@ -86,6 +86,7 @@ def plot_steps(trace: Trace, ax):
     ax.bar(x, np.ones(len(steps)), bottom=acc, color=COLOURS["target"], label="target's token")
     ax.bar(x, rej, bottom=acc + 1, color=COLOURS["rejected"], alpha=0.6, hatch="//", label="rejected")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step (target forward)")
     ax.set_ylabel("tokens")
     ax.legend(fontsize="small", frameon=False, ncol=3, loc="upper left")
@@ -100,6 +101,7 @@ def plot_cache_rollback(lengths: list[CacheLengths], ax, name: str = "target"):
     ax.bar(x, after, color=COLOURS["target"], label=f"{name} cache after the step")
     ax.bar(x, [c.dropped for c in lengths], bottom=after, color=COLOURS["rejected"], label="written, then rolled back")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     low, peak = min((c.before for c in lengths), default=0), max((c.peak for c in lengths), default=1)
     ax.set_ylim(max(0, low - 3), peak + 0.25 * (peak - low) + 2)         # room for the legend
     ax.set_xlabel("step (target forward)")

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from ..core.trace import Trace
 
 KINDS = ("accepted", "rejected", "correction", "bonus", "target")
-ANSI = {"accepted": "\033[32m", "rejected": "\033[9;31m", "correction": "\033[34m", "bonus": "\033[1;34m",
+ANSI = {"accepted": "\033[32m", "rejected": "\033[9;31m", "correction": "\033[33m", "bonus": "\033[1;34m",
         "target": ""}
 CSS = {"accepted": "background:#c8f7c5", "rejected": "background:#f9c0c0;text-decoration:line-through",
-       "correction": "background:#c5d9f7", "bonus": "background:#9fc2f5;font-weight:bold", "target": ""}
+       "correction": "background:#ffd59e", "bonus": "background:#9fc2f5;font-weight:bold", "target": ""}
 
 
 @dataclass

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from matplotlib.ticker import MaxNLocator
 
 from ..core.tree import Tree
 from .plots import COLOURS
@@ -41,13 +42,16 @@ def draw_tree(ax, tree: Tree, labels: list[str], path: list[int] | None = None, 
         px, py = (root_x, 0.0) if tree.parents[i] < 0 else (float(x[tree.parents[i]]), float(y[tree.parents[i]]))
         ax.plot([px, float(x[i])], [py, float(y[i])], color="#999", lw=0.8, zorder=1)
     ax.scatter([root_x], [0], s=60, color=COLOURS["target"], zorder=2)
-    ax.annotate("root", (root_x, 0), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.annotate("root", (root_x, 0), textcoords="offset points", xytext=(6, 4), fontsize=10)
     for i in range(tree.n_nodes):
         colour = COLOURS["accepted"] if i in on_path else COLOURS["kept"]
         ax.scatter([float(x[i])], [float(y[i])], s=40, color=colour, zorder=2)
         ax.annotate(labels[i], (float(x[i]), float(y[i])), textcoords="offset points", xytext=(0, -11),
-                    ha="center", fontsize=7, rotation=60 if tree.n_nodes > 12 else 0)
+                    ha="center", va="top", fontsize=10 if tree.n_nodes <= 12 else 9,
+                    rotation=60 if tree.n_nodes > 12 else 0)
     ax.invert_yaxis()
+    ax.margins(y=0.25)                                      # room for the labels under the deepest nodes
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("depth")
     ax.set_xticks([])
     ax.set_title(title or f"{tree.n_nodes} nodes, accepted path of {len(on_path)}")
