@@ -7,7 +7,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from labkit.core.adaptive import expected_speedup  # noqa: E402
 from labkit.core.trace import (  # noqa: E402
     CacheLengths,  # noqa: E402
     Step,
@@ -20,7 +19,6 @@ from labkit.viz.plots import (  # noqa: E402
     plot_cache_rollback,
     plot_distributions,
     plot_routes,
-    plot_speedup_vs_gamma,
     plot_steps,
 )
 
@@ -82,13 +80,4 @@ def test_plot_cache_rollback_and_routes():
     np.testing.assert_allclose(stacked, p.numpy(), rtol=1e-6)   # the two routes stack up to p_target
     plot_distributions(p, q, [0, 1, 2], ["a", "b", "c"], a3)
     assert [round(b.get_height(), 6) for b in a3.patches] == [0.6, 0.3, 0.1, 0.2, 0.6, 0.2]
-    plt.close(fig)
-
-
-def test_plot_speedup_vs_gamma_draws_leviathan():
-    fig, ax = plt.subplots()
-    plot_speedup_vs_gamma([1, 2, 4], [1.1, 1.3, 1.2], alpha=0.8, draft_cost=0.3, verify_cost=1.2, ax=ax, max_gamma=6)
-    curve = ax.lines[0].get_ydata()
-    assert list(curve) == pytest.approx([expected_speedup(0.8, g, 0.3, 1.2) for g in range(1, 7)])
-    assert list(ax.lines[1].get_ydata()) == [1.1, 1.3, 1.2]
     plt.close(fig)

@@ -48,6 +48,11 @@ class Step:
     def n_committed(self) -> int:
         return self.n_accepted + 1
 
+    @property
+    def n_judged(self) -> int:
+        """Draft tokens the target judged: up to and including the first rejection (the rest were never looked at)."""
+        return min(self.gamma, self.n_accepted + 1)
+
 
 @dataclass
 class Trace:

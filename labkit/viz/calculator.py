@@ -43,6 +43,7 @@ from ..core.adaptive import expected_tokens
 from ..core.trace import Trace
 from ..core.tree_budget import CurveFit
 from ..drafters.medusa import medusa_tree
+from .plots import accept_length_counts
 
 # every k up to 11 (chains up to γ = 10), then enough points to follow the curve to a 32-node tree
 CURVE_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 17, 21, 25, 33)
@@ -160,9 +161,8 @@ def draft_ranks(draft_model, prompt_ids: torch.Tensor, tokens: list[int], n_rank
 
 def pooled_accept_counts(traces: list[Trace]) -> np.ndarray:
     """counts[n] = drafting steps (γ >= 1) that accepted n draft tokens, over every trace."""
-    accepted = [s.n_accepted for t in traces for s in t.steps if s.gamma > 0]
     longest = max((s.gamma for t in traces for s in t.steps), default=0)
-    return np.bincount(accepted, minlength=longest + 1).astype(int)
+    return sum((accept_length_counts(t, longest) for t in traces), np.zeros(longest + 1, int))
 
 
 def iid_accept_distribution(alpha: float, gammas: list[int]) -> np.ndarray:
@@ -180,7 +180,7 @@ def iid_accept_distribution(alpha: float, gammas: list[int]) -> np.ndarray:
 
 def judged_acceptance(traces: list[Trace]) -> float:
     """α = accepted draft tokens / draft tokens the target judged (those after a rejection are never judged)."""
-    judged = sum(min(s.gamma, s.n_accepted + 1) for t in traces for s in t.steps)
+    judged = sum(s.n_judged for t in traces for s in t.steps)
     accepted = sum(s.n_accepted for t in traces for s in t.steps)
     return accepted / judged if judged else float("nan")
 
@@ -303,10 +303,11 @@ def draw(axes, alpha: float, gamma: int, c: float, curve: dict[int, float], shar
     ax_tree.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_tree.legend(fontsize="x-small", frameon=False)
     best_n = int(trees.nodes[int(np.argmax(trees.speedup))])
+    best_g = best_gamma(alpha, c, here, max_gamma)
     return {"ideal": chain_speedup(alpha, gamma, c), "machine": chain_speedup(alpha, gamma, c, here),
             "verify": here(gamma + 1), "tokens": expected_tokens(alpha, gamma),
-            "best_gamma_ideal": best_gamma(alpha, c, FLAT, max_gamma), "best_gamma_machine": best_gamma(alpha, c, here, max_gamma),
-            "best_chain_speedup": chain_speedup(alpha, best_gamma(alpha, c, here, max_gamma), c, here),
+            "best_gamma_ideal": best_gamma(alpha, c, FLAT, max_gamma), "best_gamma_machine": best_g,
+            "best_chain_speedup": chain_speedup(alpha, best_g, c, here),
             "best_nodes": best_n, "best_tree_speedup": float(trees.speedup[best_n - 1]),
             "best_tree_tokens": float(trees.tokens[best_n - 1]), "best_tree_depth": int(trees.depth[best_n - 1])}
 

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 from matplotlib.ticker import MaxNLocator
 
-from ..core.adaptive import expected_speedup
 from ..core.trace import CacheLengths, Trace
 
 COLOURS = {"accepted": "#6cc36a", "rejected": "#e57373", "target": "#5b8fd6", "draft": "#f0a030",
@@ -125,22 +124,6 @@ def per_position_acceptance(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     gamma = max((s.gamma for s in trace.steps), default=0)
     reached, accepted = np.zeros(gamma, int), np.zeros(gamma, int)
     for s in trace.steps:
-        looked = min(s.gamma, s.n_accepted + 1)        # the target judges tokens up to the first rejection
-        reached[:looked] += 1
+        reached[: s.n_judged] += 1
         accepted[: s.n_accepted] += 1
     return reached, accepted
-
-
-def plot_speedup_vs_gamma(gammas: list[int], measured: list[float], alpha: float, draft_cost: float,
-                          verify_cost: float, ax, max_gamma: int | None = None):
-    """Measured speedups beside Leviathan's expected speedup for the measured α and costs."""
-    grid = np.arange(1, (max_gamma or max(gammas)) + 1)
-    ideal = [expected_speedup(alpha, int(g), draft_cost, verify_cost) for g in grid]
-    ax.plot(grid, ideal, "-", color=COLOURS["kept"], lw=2,
-            label=f"Leviathan: α = {alpha:.2f}, c = {draft_cost:.2f}, verify = {verify_cost:.2f}")
-    ax.plot(gammas, measured, "o-", color=COLOURS["target"], label="measured")
-    ax.axhline(1, ls="--", color="grey", lw=1)
-    ax.set_xlabel("γ (draft tokens per step)")
-    ax.set_ylabel("speedup over plain decoding")
-    ax.legend(fontsize="small", frameon=False)
-    return ax
