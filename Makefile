@@ -2,7 +2,7 @@
 #
 #   make venv       .venv with torch (CPU, installed first), requirements.txt and labkit (editable)
 #   make models     download, verify and convert the embedded model pair once (~/.cache/labkit)
-#   make lab        JupyterLab on notebooks/00_tour.ipynb, notebooks trusted first (LAB_PORT=8888, LAB_IP=127.0.0.1)
+#   make lab        JupyterLab on notebooks/00_tour.ipynb, notebooks trusted first (LAB_PORT=8888, LAB_IP=127.0.0.1, LAB_REMOTE=1)
 #   make test       unit + integration tests and every notebook under strict nbval
 #   make test-fast  unit tier only: tiny random models, no download
 #   make bench      python -m labkit bench: every method on data/questions/, the embedded pair
@@ -19,8 +19,8 @@ TORCH_VERSION := 2.13.0
 VENV_STAMP    := $(VENV)/.labkit-installed
 LAB_SETTINGS  := $(VENV)/share/jupyter/lab/settings
 
-LAB_PORT ?= 8888
-LAB_IP   ?= 127.0.0.1
+# read by python -m labkit lab itself (defaults 8888, 127.0.0.1; LAB_REMOTE=1 allows an address others reach)
+export LAB_PORT LAB_IP LAB_REMOTE
 
 PYTEST_NOTEBOOKS := tests notebooks --nbval --nbval-current-env --nbval-cell-timeout=900 --durations=25 \
                     --nbval-sanitize-with notebooks/sanitize.cfg
@@ -47,7 +47,7 @@ models: venv
 
 # python -m labkit lab trusts notebooks/*.ipynb first (as `jupyter trust`): their saved widgets are drawn, not text
 lab: venv models
-	@exec $(PY) -m labkit lab --ip $(LAB_IP) --port $(LAB_PORT)
+	@exec $(PY) -m labkit lab
 
 test: venv models chromium
 	LABKIT_INTEGRATION=1 $(PY) -m pytest $(PYTEST_NOTEBOOKS)

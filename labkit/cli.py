@@ -22,8 +22,8 @@ DRAFT_PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
 
 def add_model_args(p, default_dtype: str = "bf16") -> None:
     """--target, --draft, --dtype, --backend, --device, --draft-precision: shared by generate and bench."""
+    from .models.checks import BACKENDS, DEVICES
     from .models.hub import DEFAULT_DRAFT, DEFAULT_TARGET
-    from .models.loading import BACKENDS, DEVICES
     p.add_argument("--target", default=DEFAULT_TARGET, help="preset, local directory or Hub id")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the draft-model methods")
     p.add_argument("--dtype", default=default_dtype, choices=["bf16", "fp32", "fp16"], help="the target's precision")
@@ -59,8 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_verify_cost_parser(sub)
     lab = sub.add_parser("lab", help="JupyterLab on the notebooks (what `make lab` runs)")
-    lab.add_argument("--ip", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    lab.add_argument("--port", type=int, default=8888)
+    lab.add_argument("--ip", default=None, help="the address to serve on (default: LAB_IP, else 127.0.0.1)")
+    lab.add_argument("--port", type=int, default=None, help="default: LAB_PORT, else 8888")
+    lab.add_argument("--remote", action="store_true",
+                     help="allow an address other machines can reach, such as 0.0.0.0 (or set LAB_REMOTE=1)")
     return ap
 
 
@@ -105,13 +107,16 @@ def add_bench_parser(sub) -> None:
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     """The prompt text from --prompt, or --prompt-file (a file, or '-' for stdin)."""
-    from .core.textfile import read_text
+    from .core.textfile import MAX_BYTES, read_text
     if prompt is not None and prompt_file is not None:
         raise ValueError("give either --prompt or --prompt-file, not both")
     if prompt_file == "-":
         where = "stdin (--prompt-file -)"
         try:
-            text = sys.stdin.buffer.read().decode("utf-8")
+            data = sys.stdin.buffer.read(MAX_BYTES + 1)
+            if len(data) > MAX_BYTES:
+                raise ValueError(f"{where} holds more than {MAX_BYTES >> 20} MiB: give the text of a prompt")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"{where} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     elif prompt_file is not None:
@@ -138,15 +143,24 @@ def make_policy(name: str, gamma: int):
 def cmd_generate(a) -> int:
     from .core.sampling import SamplingConfig
     from .decoding.autoregressive import autoregressive_generate
+    from .decoding.base import check_seed
     from .decoding.speculative import speculative_generate
     from .models.calibrate import run_facts
+    from .models.checks import check_models
     from .models.loading import encode_prompt, load_draft, load_model
-    from .viz.render import pieces, to_ansi
+    from .viz.render import committed_text, pieces, to_ansi
     sampling = SamplingConfig(a.temperature, a.top_k, a.top_p)
     policy = make_policy(a.policy, a.gamma)
     if a.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
+    if a.max_seq_len < 2:
+        raise ValueError(f"--max-seq-len must be >= 2, got {a.max_seq_len}")
+    try:
+        check_seed(a.seed)
+    except ValueError:
+        raise ValueError(f"--seed must be an integer in [0, 2**63), got {a.seed}") from None
     text = read_prompt(a.prompt, a.prompt_file)
+    check_models(a.target, a.dtype, a.backend, a.device, a.draft if a.drafter == "draft" else None, a.draft_precision)
     target = load_model(a.target, a.dtype, a.backend, a.max_seq_len, a.device, progress=not a.json)
     prompt = encode_prompt(target.tokenizer, text or "", not a.no_chat_template)
     draft = None
@@ -165,7 +179,8 @@ def cmd_generate(a) -> int:
                           "drafter": a.drafter, "gamma": a.gamma, "policy": a.policy, "ran_on": ran,
                           "stats": out.trace.summary(), "steps": out.trace.to_dict()["steps"]}))
     else:
-        print(to_ansi(pieces(out.trace, prompt.tolist(), target.tokenizer), colour=sys.stdout.isatty()))
+        print(to_ansi(committed_text(pieces(out.trace, prompt.tolist(), target.tokenizer), out.trace),
+                      colour=sys.stdout.isatty()))
         s = out.trace.summary()
         print(f"\n[{s['method']}] {s['new_tokens']} tokens in {s['total_time']:.2f}s ({s['tokens_per_second']:.1f} tok/s), "
               f"{s['target_forwards']} target forwards, {s['tokens_per_forward']:.2f} tokens/forward (bonus included), "
@@ -183,7 +198,7 @@ def cmd_models(a) -> int:
         state, _, problem = status(name).partition(": ")
         print(f"{name:32s} {state:12s} {spec.hf_id}")
         if problem:
-            print(f"    {state}: {problem}: `python -m labkit fetch {name}` repairs it")
+            print(f"    {state}: {problem}: `python -m labkit fetch {name}` checks and repairs it")
     return 0
 
 
@@ -221,8 +236,11 @@ def cmd_bench(a) -> int:
 
 def cmd_verify_cost(a) -> int:
     from .bench import verify_cost
+    from .core.textfile import writable_dir
     from .models.backends import PATHS, check_path
     paths = [p.strip() for p in a.paths.split(",") if p.strip()]
+    if not paths:
+        raise ValueError(f"--paths names no path: choose one or more of {','.join(PATHS)} (comma-separated)")
     precisions = verify_cost.check_precisions([p.strip() for p in a.precisions.split(",") if p.strip()])
     for p in paths:
         if p not in PATHS:
@@ -239,6 +257,7 @@ def cmd_verify_cost(a) -> int:
         llama_cpp.check_available((llama_cpp.BENCH,))
     from .models.hub import resolve_model
     resolve_model(a.model)                              # a bad name fails here, before any bar or measurement
+    writable_dir(a.out, "--out")
     torch.set_num_threads(a.threads)
     result = verify_cost.measure(a.model, paths, precisions, tokens, a.context, a.repeats)
     if a.llama_cpp:
@@ -253,8 +272,7 @@ def cmd_lab(a) -> int:
     from pathlib import Path
 
     from .lab import run_lab
-    run_lab(a.ip, a.port, Path(__file__).resolve().parent.parent)
-    return 0                                            # not reached: the server replaces this process
+    return run_lab(a.ip, a.port, Path(__file__).resolve().parent.parent, a.remote)
 
 
 class ArgumentParser(argparse.ArgumentParser):

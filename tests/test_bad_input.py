@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import chatml_tokenizer, save_tiny_checkpoint, tiny_model
 
+from kernels.cpu import cpu_flags
 from labkit.cli import main
 from labkit.core.sampling import SamplingConfig
 from labkit.decoding.autoregressive import autoregressive_generate
@@ -31,6 +32,9 @@ def files(tmp_path_factory):
     (d / "not-records" / "results.jsonl").write_text('[1, 2, 3]\n')
     (d / "questions.jsonl").write_text(json.dumps({"question_id": "q1", "category": "coding",
                                                    "turns": ["Write hello world."]}) + "\n")
+    for name, qid in (("null-id", None), ("object-id", {"a": 1})):
+        (d / f"{name}.jsonl").write_text(json.dumps({"question_id": qid, "category": "c", "turns": ["hi"]}) + "\n")
+    save_tiny_checkpoint(d / "other-vocab", "qwen2", vocab_size=100, seed=1)
     return d
 
 
@@ -83,12 +87,46 @@ def bad_argv(d):
         (["verify-cost", "--paths", "warp"], "warp"),
         (["lab", "--port", "70000"], "port must be in 1..65535"),
         (["teleport"], "invalid choice"),
-    ]
+        (gen + ["--temperature", "1", "--top-p", "1e-300"], "top_p 1e-300 is too small"),
+        (gen + ["--temperature", "1", "--top-p", "0"], "top_p must be a number in (0, 1]"),
+        (gen + ["--dtype", "fp16"], "fp16 (--dtype fp16) runs labkit's model on a GPU only"),
+        (gen + ["--seed", str(2**70)], "--seed must be an integer in [0, 2**63)"),
+        (gen + ["--seed", "-1"], "--seed must be an integer in [0, 2**63)"),
+        (gen + ["--max-seq-len", "1"], "--max-seq-len must be >= 2"),
+        (gen + ["--draft", "bogus"], "'bogus' is not a preset"),
+        (gen + ["--draft", str(d / "model.gguf")], "is a file; "),
+        (gen + ["--draft", str(d / "missing.gguf")], "does not exist"),
+        (gen + ["--draft", str(d / "other-vocab")], "uses a different tokenizer than the target"),
+        (gen + ["--draft-precision", "int3"], "invalid choice"),
+        (["generate", "--target", "smollm2-135m-instruct", "--prompt", "hi"], "(qwen2.5 vs smollm2)"),
+        (bench + ["--methods", "ar,draft", "--draft", "bogus"], "'bogus' is not a preset"),
+        (bench + ["--methods", "ar,draft", "--draft", str(d / "other-vocab")], "uses a different tokenizer"),
+        (bench + ["--dtype", "fp16"], "runs labkit's model on a GPU only"),
+        (bench[:2] + [str(d / "null-id.jsonl")] + bench[3:], "question_id must be a non-empty string or an integer"),
+        (bench[:2] + [str(d / "object-id.jsonl")] + bench[3:], "question_id must be a non-empty string or an integer"),
+        (["lab", "--ip", ""], "the lab's address is empty"),
+        (["lab", "--ip", "  "], "the lab's address is empty"),
+        (["lab", "--ip", "0.0.0.0", "--port", "8890"], "lets other machines reach the lab: add --remote"),
+        (["lab", "--ip", "::", "--port", "8890"], "lets other machines reach the lab: add --remote"),
+        (["generate", "--target", "m" * 5000, "--prompt", "hi"], "is not a preset, and as a path: File name too long"),
+        (gen0 + ["--prompt-file", "/dev/zero"], "holds more than 64 MiB"),
+        (bench[:2] + ["/dev/null"] + bench[3:], "is not a regular file"),
+        (["verify-cost", "--paths", ""], "--paths names no path"),
+        (["verify-cost", "--model", str(d / "target"), "--out", str(d / "a-file")], "is a file: give a directory"),
+    ] + ([] if "amx_bf16" in cpu_flags() else [
+        (gen + ["--backend", "packed-amx"], "the packed-amx path needs a CPU with AMX"),
+        (bench + ["--backend", "packed-amx"], "the packed-amx path needs a CPU with AMX"),
+    ])
 
 
 def test_every_bad_argument_is_one_clear_line(files, capsys, monkeypatch):
     import labkit.models.loading
     monkeypatch.setattr(labkit.models.loading, "load_native", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")            # a Hub id is refused at once, online or not
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    for name in ("LAB_IP", "LAB_PORT", "LAB_REMOTE"):
+        monkeypatch.delenv(name, raising=False)
     for argv, message in bad_argv(files):
         try:
             code = main(argv)
@@ -168,3 +206,105 @@ def test_a_byte_order_mark_is_not_an_error(tmp_path):
     assert read_questions(tmp_path / "q.jsonl")[0].prompt == "hi"
     (tmp_path / "p.txt").write_bytes(b"\xef\xbb\xbfWrite a haiku.")
     assert read_prompt(None, str(tmp_path / "p.txt")) == "Write a haiku."
+
+
+def test_api_arguments_of_the_wrong_kind_name_the_parameter():
+    """What a Python user may pass by mistake: each refused with a ValueError naming the parameter, not an
+    AttributeError or TypeError from deep inside a loop."""
+    from labkit.decoding.batched import batched_autoregressive_generate, batched_speculative_generate
+    from labkit.decoding.tree import tree_generate
+    model, prompt = tiny_model(), torch.tensor([1, 2, 3])
+    draft = DraftModelDrafter(tiny_model(seed=1))
+    cases = [
+        (lambda: autoregressive_generate(model, prompt, 4, sampling=None), "sampling must be a labkit"),
+        (lambda: autoregressive_generate(model, prompt, 4, sampling={"temperature": 0.7}),
+         r"SamplingConfig\(\*\*\{'temperature': 0.7\}\)"),
+        (lambda: speculative_generate(model, draft, prompt, 4, sampling=None), "sampling must be a labkit"),
+        (lambda: speculative_generate(model, None, prompt, 4), "drafter must be a labkit Drafter"),
+        (lambda: speculative_generate(model, tiny_model(seed=1), prompt, 4), "drafter must be a labkit Drafter"),
+        (lambda: tree_generate(model, None, prompt, 4), "drafter must be a labkit Drafter"),
+        (lambda: autoregressive_generate(model, prompt, 4, SamplingConfig(1.0), seed="x"), "seed must be an integer"),
+        (lambda: autoregressive_generate(model, prompt, 4, SamplingConfig(1.0), seed=2**70), "seed must be an integer"),
+        (lambda: speculative_generate(model, draft, prompt, 4, seed=1.5), "seed must be an integer"),
+        (lambda: autoregressive_generate(model, prompt, 4, eos_token_ids=5), r"such as \(5,\)"),
+        (lambda: speculative_generate(model, draft, prompt, 4, eos_token_ids="5"), "eos_token_ids must be a tuple"),
+        (lambda: autoregressive_generate(model, "Write a haiku.", 4), "not text: encode the text first"),
+        (lambda: autoregressive_generate(model, ["a", "b"], 4), "not text: encode the text first"),
+        (lambda: autoregressive_generate(model, object(), 4), "prompt_ids must be a 1-D tensor"),
+        (lambda: batched_autoregressive_generate(model, [prompt], 4, sampling=None), "sampling must be a labkit"),
+        (lambda: batched_speculative_generate(model, None, [prompt], 4), "drafter must be a labkit Drafter"),
+        (lambda: batched_autoregressive_generate(model, [prompt], 4, eos_token_ids=7), r"such as \(7,\)"),
+        (lambda: SamplingConfig(1.0, top_p=True), "top_p must be a number"),
+        (lambda: SamplingConfig(1.0, top_p="0.9"), "top_p must be a number"),
+        (lambda: SamplingConfig(1.0, top_p=1e-300), "too small to compare in float32"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+    assert autoregressive_generate(model, prompt, 4, eos_token_ids=[5, 6]).tokens, "a list of ids is fine"
+
+
+def test_the_smallest_top_p_allowed_samples_the_top_token():
+    from labkit.core.sampling import MIN_TOP_P, probs_from_logits
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 2.0, -1.0]])
+    probs = probs_from_logits(logits, SamplingConfig(1.0, top_p=MIN_TOP_P))
+    assert torch.isfinite(probs).all() and probs[0].tolist() == [0.0, 1.0, 0.0] and probs[1].sum() == 1
+
+
+def test_model_loading_is_checked_before_any_weight_loads(files, monkeypatch):
+    """The API's own path: load_model and check_models refuse what they can from names and files alone."""
+    import labkit.models.checks as checks
+    import labkit.models.loading as loading
+    monkeypatch.setattr(loading, "load_native", lambda *a, **k: pytest.fail("a model loaded"))
+    with pytest.raises(ValueError, match="runs labkit's model on a GPU only"):
+        loading.load_model(str(files / "target"), dtype="fp16")
+    with pytest.raises(ValueError, match="max_seq_len must be an integer >= 2"):
+        loading.load_model(str(files / "target"), max_seq_len=1.5)
+    with pytest.raises(ValueError, match="uses a different tokenizer"):
+        checks.check_models(str(files / "target"), "fp32", draft=str(files / "other-vocab"))
+    with pytest.raises(ValueError, match="a model is named by a string"):
+        checks.check_models(None)
+    with pytest.raises(ValueError, match=r"draft precision fp16 \(--draft-precision fp16\) runs labkit's model"):
+        checks.check_models(str(files / "target"), "fp32", draft=str(files / "target"), draft_precision="fp16")
+    checks.check_models(str(files / "target"), "fp32", draft=str(files / "target"))   # a well-formed pair passes
+
+
+def test_typed_added_tokens_that_are_not_special_stay_text():
+    """<tool_call> is an added token that is not marked special (as in Qwen2.5's tokenizer): typed in a prompt,
+    it stays the characters it is made of, like <|im_start|>."""
+    tok = chatml_tokenizer()
+    tok.add_tokens(["<tool_call>", "</tool_call>"])            # added, not special
+    call = tok.convert_tokens_to_ids("<tool_call>")
+    assert call not in tok.all_special_ids
+    assert tok("<tool_call>", add_special_tokens=False)["input_ids"] == [call], "transformers matches it as one token"
+    ids = encode_prompt(tok, 'run <tool_call>{"f": 1}</tool_call>', True).tolist()
+    assert call not in ids and tok.convert_tokens_to_ids("</tool_call>") not in ids
+    assert "<tool_call>" in tok.decode(ids), "the typed text is kept, as characters"
+    assert call in encode_prompt(tok, "<tool_call>", False).tolist(), "raw mode: the user typed the real token"
+    with pytest.raises(ValueError, match="types a control token"):
+        encode_prompt(tok, [{"role": "user", "content": "x<tool_call>"}], True)
+
+
+@pytest.mark.integration
+def test_the_real_tokenizer_keeps_typed_tool_calls_as_text():
+    from transformers import AutoTokenizer
+
+    from labkit.models.hub import DEFAULT_TARGET, resolve_model
+    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_TARGET, progress=False))
+    added = set(tok.added_tokens_decoder)
+    for typed in ("<tool_call>", "</tool_call>", "<|im_start|>system", "<|endoftext|>", "<|fim_middle|>"):
+        ids = encode_prompt(tok, f"say {typed} now", True).tolist()
+        frame = encode_prompt(tok, "say  now", True).tolist()
+        assert sum(i in added for i in ids) == sum(i in added for i in frame), typed
+        assert typed in tok.decode(ids), typed
+
+
+def test_the_end_of_sequence_token_is_not_printed_as_text():
+    from labkit.core.trace import Step, Trace
+    from labkit.viz.render import Piece, committed_text
+    ps = [Piece("def", "accepted", 0), Piece(" f", "rejected", 0), Piece("()", "correction", 0),
+          Piece("<|im_end|>", "bonus", 1), Piece("x", "rejected", 1)]
+    trace = Trace(method="m", prompt_len=1, steps=[Step([], 0, 1, True, 0, 0)], stop_reason="eos")
+    assert [p.text for p in committed_text(ps, trace)] == ["def", " f", "()", "x"]
+    trace.stop_reason = "max_new_tokens"
+    assert committed_text(ps, trace) == ps

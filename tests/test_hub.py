@@ -254,14 +254,25 @@ def test_fetch_verifies_every_byte_and_repairs(tmp_path, monkeypatch, capsys):
     assert hub.status(name).startswith("damaged") and "model.safetensors" in hub.status(name)
     with pytest.raises(ModelFetchError, match=f"labkit fetch {name}` to repair"):
         hub.resolve_model(name, progress=False)
-    assert main(["models"]) == 0 and f"`python -m labkit fetch {name}` repairs it" in capsys.readouterr().out
+    assert main(["models"]) == 0 and f"`python -m labkit fetch {name}` checks and repairs it" in capsys.readouterr().out
     assert main(["fetch", name]) == 0 and "repaired" in capsys.readouterr().out
     assert weights.read_bytes() == good and hub.status(name) == "on disk"
     blob = bytearray(good)
     blob[-10:-6] = bytes(4 - i for i in range(4))             # 4 changed bytes, same size
+    before = weights.stat()
     weights.write_bytes(bytes(blob))
-    assert hub.status(name) == "on disk", "sizes alone can't see it"
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))   # even with its old mtime set back
+    assert hub.status(name).startswith("unchecked: model.safetensors changed"), "the file's state tells, not its size"
+    with pytest.raises(ModelFetchError, match=f"model.safetensors changed since it was written .*`python -m labkit "
+                                              f"fetch {name}` to repair it"):
+        hub.resolve_model(name, progress=False)
+    assert main(["models"]) == 0 and f"`python -m labkit fetch {name}` checks and repairs it" in capsys.readouterr().out
     assert hub.fetch(name, progress=False)[1].startswith("repaired") and weights.read_bytes() == good
+    assert hub.status(name) == "on disk"
+    sha256_file = hub._sha256_file
+    monkeypatch.setattr(hub, "_sha256_file", lambda *a, **k: pytest.fail("an unchanged file is hashed again"))
+    assert hub.resolve_model(name, progress=False) == str(folder)
+    monkeypatch.setattr(hub, "_sha256_file", sha256_file)
     gguf = hub.cache_dir() / "gguf" / "tiny.gguf"
     blob = bytearray(gguf.read_bytes())
     blob[5000:5004] = b"\xff\xfe\xfd\xfc"
@@ -356,3 +367,24 @@ def test_real_draft_preset_fetches_and_converts():
     ids = tok("def fibonacci(n):", return_tensors="pt").input_ids
     assert tok.decode(ids[0]) == "def fibonacci(n):"
     assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] == ids.shape[1] + 4
+
+
+def test_a_damaged_folder_of_the_users_own_is_never_advised_deleted(tmp_path):
+    """A float whose exponent byte changed reads as inf or NaN: refused at load, with advice labkit can keep."""
+    from conftest import save_tiny_checkpoint
+    from safetensors.torch import load_file, save_file
+
+    from labkit.models.loading import load_model
+    save_tiny_checkpoint(tmp_path, "qwen2")
+    state = load_file(tmp_path / "model.safetensors")
+    name = sorted(state)[3]
+    state[name].view(-1)[7] = float("nan")
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelFetchError, match=f"NaN or infinite values \\({name}\\)") as err:
+        load_model(str(tmp_path), "fp32", backend="reference", progress=False)
+    assert "copy the checkpoint again" in str(err.value) and "delete" not in str(err.value)
+    (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{bad}...")
+    with pytest.raises(ModelFetchError, match="is corrupted") as err:
+        load_model(str(tmp_path), "fp32", backend="reference", progress=False)
+    assert "copy the checkpoint again" in str(err.value) and "delete" not in str(err.value)
+    assert hub.repair_advice(hub.converted_dir(hub.DEFAULT_TARGET)).endswith(f"fetch {hub.DEFAULT_TARGET}` to repair it")

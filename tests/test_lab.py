@@ -79,8 +79,13 @@ def test_token_stays_off_command_lines_and_one_ctrl_c_stops_the_lab(tmp_path):
             raise AssertionError("the API answered without the token")
         except urllib.error.HTTPError as e:
             assert e.code == 403
+        runtime = tmp_path / "runtime"
+        assert list(runtime.glob("jpserver-*.json")), "the server wrote its runtime file (it holds the token)"
         server.send_signal(signal.SIGINT)
-        server.wait(timeout=20)                       # no question, no 5 s wait for an answer
+        assert server.wait(timeout=20) == 0           # no question, no 5 s wait for an answer
+        assert not list(runtime.glob("jpserver-*")), "the runtime files were removed"
+        log.seek(0)
+        assert "received signal 15, stopping" in log.read(), "the server stopped cleanly (its kernels too)"
     finally:
         if server.poll() is None:
             server.kill()
@@ -119,3 +124,57 @@ def test_a_busy_port_is_refused_before_the_banner(tmp_path):
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in res.stderr
     assert f"LAB_PORT={port + 1}" in res.stderr
+
+
+def start_lab(tmp_path, port: int, **env) -> tuple[subprocess.Popen, str]:
+    """A lab server started as `make lab` starts it, its stdout logged; (the process, its token) once it answers."""
+    log = open(tmp_path / "lab.log", "w+")
+    server = subprocess.Popen([sys.executable, "-m", "labkit", "lab", *(["--port", str(port)] if port else [])],
+                              cwd=tmp_path, env={**lab_env(tmp_path), **env}, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 90
+    while True:
+        log.seek(0)
+        text = log.read()
+        if m := re.search(r"\?token=([0-9a-f]{48})", text):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port or env['LAB_PORT']}/api/status?token={m.group(1)}",
+                                       timeout=2)
+                return server, text
+            except OSError:
+                pass
+        assert server.poll() is None and time.monotonic() < deadline, f"the lab did not start:\n{text[-3000:]}"
+        time.sleep(0.5)
+
+
+def test_the_runtime_files_go_even_when_the_server_is_killed_and_lab_port_is_read(tmp_path):
+    """Started the way `make lab LAB_PORT=...` starts it (settings in the environment, no arguments); the
+    server killed with SIGKILL, which leaves it no chance to clean up: the launcher removes its files."""
+    port = free_port()
+    server, text = start_lab(tmp_path, 0, LAB_PORT=str(port), LAB_IP="127.0.0.1")
+    try:
+        assert f"http://127.0.0.1:{port}/lab/tree/" in text
+        runtime = tmp_path / "runtime"
+        (info,) = runtime.glob("jpserver-*.json")
+        child = int(info.stem.split("-")[1])
+        assert child != server.pid, "the server runs as a child of the launcher"
+        os.kill(child, signal.SIGKILL)
+        assert server.wait(timeout=20) == 128 + signal.SIGKILL
+        assert not list(runtime.glob("jpserver-*")), "the launcher removed what the killed server left"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_lab_settings_from_the_environment_are_checked(tmp_path):
+    for env, message in (({"LAB_PORT": "eighty"}, "LAB_PORT must be a port number"),
+                         ({"LAB_IP": ""}, "the lab's address is empty"),
+                         ({"LAB_IP": "0.0.0.0"}, "lets other machines reach the lab: add --remote"),
+                         ({"LAB_IP": "no-such-host.invalid"}, "cannot listen on 'no-such-host.invalid'")):
+        res = subprocess.run([sys.executable, "-m", "labkit", "lab"], cwd=tmp_path,
+                             env={**lab_env(tmp_path), **env}, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and res.stdout == "", (env, res.stdout)
+        assert res.stderr.count("\n") == 1 and message in res.stderr, (env, res.stderr)
+    from labkit.lab import lab_settings
+    assert lab_settings("0.0.0.0", 8890, remote=True) == ("0.0.0.0", 8890, True), "asked for explicitly: allowed"
+    assert lab_settings("localhost", 8890, remote=False)[0] == "localhost"

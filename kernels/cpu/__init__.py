@@ -20,12 +20,16 @@ C++ compiler and ninja) into labkit's cache, once per CPU, source and torch vers
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -79,35 +83,93 @@ def build_dir() -> Path:
     return cache_dir() / "kernels"
 
 
+BUILD_TIMEOUT_S = 600               # how long a load waits for another process's build of the same kernels
+
+
 @lru_cache(maxsize=None)
 def load(march: str = "native"):
     """The compiled module (built on first call for this CPU); KernelsUnavailable when it cannot be.
 
     march: gcc's -march; "native" (the default) for this CPU; the tests also build "haswell" (AVX2
-    + FMA) on an AVX-512 machine to check the AVX2 code."""
+    + FMA) on an AVX-512 machine to check the AVX2 code.
+
+    A build survives any death of its process: it runs in a folder of its own and only a finished
+    module is renamed into place, and the lock that keeps two processes from building the same
+    kernels at once is an flock, which the operating system releases when its holder dies."""
     if platform.machine() not in ("x86_64", "AMD64") or isa() == "none":
         raise KernelsUnavailable(f"labkit's CPU kernels need an x86-64 CPU with AVX2 and FMA (this is "
                                  f"{platform.machine()}, ISA {isa()}): the reference path runs instead")
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise KernelsUnavailable("no C++ compiler (c++) on PATH to build labkit's CPU kernels: install g++ "
                                  "(apt-get install g++), or use the reference path")
-    from torch.utils import cpp_extension
     tag = _build_tag(march)
-    out = build_dir() / tag
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"labkit_cpu_{tag}"
-    if not any(out.glob(f"{name}*.so")):
+    name, out = f"labkit_cpu_{tag}", build_dir() / tag
+    built = out / f"{name}.so"
+    if built.is_file():
+        return _import(name, built)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(build_dir() / f"{tag}.lock", "a+")
+    except OSError as e:
+        raise KernelsUnavailable(f"cannot write labkit's kernel cache {build_dir()} ({e.strerror or e}): set "
+                                 "LABKIT_CACHE to a folder you can write to; the reference path runs instead") from None
+    with lock:
+        _wait_for(lock, out, float(os.environ.get("LABKIT_BUILD_TIMEOUT", BUILD_TIMEOUT_S)))
+        if built.is_file():                                    # another process finished it while we waited
+            return _import(name, built)
+        lock.seek(0), lock.truncate(), lock.write(f"{os.getpid()}\n"), lock.flush()
+        for stale in build_dir().glob(f".{tag}-*"):            # left by builds that died: nobody holds the lock
+            shutil.rmtree(stale, ignore_errors=True)
         what = f"this CPU ({isa()})" if march == "native" else f"-march={march}"
         print(f"compiling labkit's CPU kernels for {what} (once, about a minute) ...", file=sys.stderr)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{tag}-", dir=build_dir()))
+        try:
+            from torch.utils import cpp_extension
+            module = cpp_extension.load(
+                name=name, sources=[str(Path(__file__).parent / s) for s in SOURCES if s.endswith(".cpp")],
+                extra_cflags=["-O3", f"-march={march}", "-ffp-contract=off", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                extra_include_paths=[str(Path(__file__).parent)], build_directory=str(scratch), verbose=False)
+            os.replace(scratch / f"{name}.so", built)          # atomic: a module in `out` is always whole
+        except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
+            errors = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()] or str(e).strip().splitlines()
+            raise KernelsUnavailable(f"building labkit's CPU kernels failed: {errors[0][:300]} (build files in "
+                                     f"{scratch}); the reference path runs instead") from e
+        shutil.rmtree(scratch, ignore_errors=True)
+        return module
+
+
+def _wait_for(lock, out: Path, timeout_s: float) -> None:
+    """Take the build lock (an flock on the open file `lock`), waiting while another live process holds it."""
+    t0, said = time.monotonic(), False
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        waited = time.monotonic() - t0
+        if waited > timeout_s:
+            raise KernelsUnavailable(f"process {holder} has been building labkit's CPU kernels in {out} for over "
+                                     f"{timeout_s:.0f} s: wait for it or stop it (LABKIT_BUILD_TIMEOUT sets the wait); "
+                                     "the reference path runs instead")
+        if not said and waited > 2:
+            print(f"waiting for process {holder}, which is building labkit's CPU kernels in {out} ...", file=sys.stderr)
+            said = True
+        time.sleep(0.2)
+
+
+def _import(name: str, so: Path):
+    """Import a finished kernel module from its file."""
+    spec = importlib.util.spec_from_file_location(name, so)
+    module = importlib.util.module_from_spec(spec)
     try:
-        return cpp_extension.load(
-            name=name, sources=[str(Path(__file__).parent / s) for s in SOURCES if s.endswith(".cpp")],
-            extra_cflags=["-O3", f"-march={march}", "-ffp-contract=off", "-fopenmp"], extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(Path(__file__).parent)], build_directory=str(out), verbose=False)
-    except (RuntimeError, OSError, ImportError, subprocess.CalledProcessError) as e:
-        errors = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()] or str(e).strip().splitlines()
-        raise KernelsUnavailable(f"building labkit's CPU kernels failed: {errors[0][:300]} (build files in {out}); "
-                                 "the reference path runs instead") from e
+        spec.loader.exec_module(module)
+    except ImportError as e:
+        raise KernelsUnavailable(f"labkit's CPU kernels in {so} do not load ({e}): delete {so.parent} to build "
+                                 "them again; the reference path runs instead") from e
+    return module
 
 
 def available() -> tuple[bool, str]:

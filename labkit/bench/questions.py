@@ -56,6 +56,9 @@ def parse_question(obj: object, where: str) -> Question:
                                 f"got {turns!r:.80}")
     if not isinstance(obj["category"], str) or not obj["category"].strip():
         raise QuestionFileError(f"{where}: category must be a non-empty string, got {obj['category']!r}")
+    qid = obj["question_id"]
+    if isinstance(qid, bool) or not isinstance(qid, (str, int)) or not str(qid).strip():
+        raise QuestionFileError(f"{where}: question_id must be a non-empty string or an integer, got {qid!r:.80}")
     if "answers" not in obj:
         return Question(str(obj["question_id"]), obj["category"], turns[0])
     answers = obj["answers"]
@@ -70,7 +73,8 @@ def read_questions(path: str | Path, categories: list[str] | None = None, limit:
     """The questions of a Spec-Bench jsonl file, filtered by category, the first `limit` of them."""
     path = Path(path)
     if not path.is_file():
-        raise QuestionFileError(f"question file {path} {'is a directory' if path.is_dir() else 'does not exist'}: "
+        state = "is a directory" if path.is_dir() else "is not a regular file" if path.exists() else "does not exist"
+        raise QuestionFileError(f"question file {path} {state}: "
                                 "pass --questions FILE.jsonl (data/questions/labkit_bench.jsonl ships with labkit)")
     if limit is not None and limit < 1:
         raise QuestionFileError(f"--limit must be >= 1, got {limit}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..core.textfile import writable_dir
 from .methods import (
     CROSS_DRAFT,
     METHODS,
@@ -47,7 +48,7 @@ class BenchConfig:
     chat_template: bool = True
     categories: list[str] | None = None
     limit: int | None = None
-    backend: str = "auto"              # labkit's forward path (loading.BACKENDS); auto: calibrated
+    backend: str = "auto"              # labkit's forward path (checks.BACKENDS); auto: calibrated
     device: str = "auto"
     draft_precision: str = "auto"      # the draft model's weights (loading.draft_precision)
 
@@ -112,9 +113,12 @@ def _append(path: Path, record: dict) -> None:
 
 def load_models(config: BenchConfig, progress: bool = True) -> Models:
     """labkit's pair, and transformers' copies of the checkpoints only when a chosen method needs them."""
+    from ..models.checks import DTYPES, check_models
     from ..models.hub import resolve_model
-    from ..models.loading import DTYPES, load_draft, load_model
+    from ..models.loading import load_draft, load_model
     needs = set().union(*(METHODS[n].needs for n in config.methods))
+    check_models(config.target, config.dtype, config.backend, config.device,
+                 config.draft if "draft" in needs else None, config.draft_precision)
     models = Models(load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress),
                     draft_name=config.draft)
     if "draft" in needs:
@@ -142,16 +146,7 @@ def encode(models: Models, q: Question, chat_template: bool) -> torch.Tensor:
 
 def output_dir(out: str | Path) -> Path:
     """The benchmark's output directory, created and checked writable before any model loads."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file: give a directory (results.jsonl, tables and plots go there)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".labkit-write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"--out {out}: cannot write there ({e.strerror}): give a directory you can write to") from None
+    out = writable_dir(out, "--out")
     results = out / RESULTS
     if results.exists() and not results.is_file():
         raise ValueError(f"--out {out}: {results} is not a file: remove it or give another directory")

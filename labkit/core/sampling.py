@@ -15,6 +15,9 @@ import torch
 # the distribution is one-hot in float32 (a logit gap of 0.01 at 1e-4 is a factor e^100): greedy decoding,
 # which temperature 0 does exactly. So smaller positive temperatures are refused, never clamped.
 MIN_TEMPERATURE = 1e-4
+# A top_p float32 rounds to 0 would drop every token (the softmax runs in float32); anything this small keeps only
+# the most likely token, which top_k=1 says plainly. So smaller positive values are refused, never clamped.
+MIN_TOP_P = 1e-30
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,12 @@ class SamplingConfig:
             raise ValueError(f"top_k must be an integer >= 1 (or None), got {self.top_k!r}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1 (or None for no top-k filter), got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (or None), got {self.top_p}")
+        p = self.top_p
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1):
+            raise ValueError(f"top_p must be a number in (0, 1] (or None for no top-p filter), got {p!r}")
+        if p is not None and p < MIN_TOP_P:
+            raise ValueError(f"top_p {p!r} is too small to compare in float32 (it rounds to 0 and drops every token): "
+                             f"use top_k=1 to keep only the most likely token, or a top_p >= {MIN_TOP_P}")
 
     @property
     def greedy(self) -> bool:

@@ -1,7 +1,10 @@
-"""Reading a text file the user named (a prompt, a question file): every failure one clear line."""
+"""Files the user named (a prompt, a question file, an output folder): every failure one clear line."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+MAX_BYTES = 64 << 20          # far more than any prompt or question set; /dev/zero would otherwise never end
 
 
 def read_text(path: str | Path, what: str) -> str:
@@ -9,11 +12,33 @@ def read_text(path: str | Path, what: str) -> str:
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{what} {path} is a directory: give a text file")
+    if path.exists() and not path.is_file() and not path.is_char_device() and not path.is_fifo():
+        raise ValueError(f"{what} {path} is not a regular file: give a text file")
     try:
-        return path.read_text(encoding="utf-8-sig")
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:
+            raise ValueError(f"{what} {path} holds more than {MAX_BYTES >> 20} MiB: give a text file of a prompt "
+                             "or of questions")
+        return data.decode("utf-8-sig")
     except FileNotFoundError:
         raise ValueError(f"{what} {path} does not exist") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{what} {path} is not UTF-8 text (byte {e.start}: {e.reason}): give a text file") from None
     except OSError as e:
         raise ValueError(f"{what} {path} cannot be read ({e.strerror})") from None
+
+
+def writable_dir(out: str | Path, what: str) -> Path:
+    """The output folder `out`, created and checked writable before any work; `what` names its argument."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{what} {out} is a file: give a directory (results, tables and plots go there)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".labkit-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"{what} {out}: cannot write there ({e.strerror}): give a directory you can write to") from None
+    return out

@@ -20,8 +20,8 @@ class AutoregressiveDecoder(Decoder):
 
     def __init__(self, target: Target, prompt_ids: torch.Tensor, max_new_tokens: int,
                  sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (), seed: int | None = None):
-        self.begin(target, prompt_ids, max_new_tokens, "autoregressive", eos_token_ids, seed)
-        self.target, self.sampling = target, sampling
+        self.begin(target, prompt_ids, max_new_tokens, "autoregressive", eos_token_ids, seed, sampling)
+        self.target = target
         t0 = time.perf_counter()
         with torch.no_grad():
             self.cache = target.new_cache()                  # holds every committed token

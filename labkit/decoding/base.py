@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.sampling import SamplingConfig
 from ..core.trace import Step, Trace
+from ..drafters.base import Drafter
 
 
 @dataclass
@@ -23,7 +25,15 @@ class Generation:
 
 def check_request(model, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """Validate a decode request up front, with errors that say what to do; returns a 1-D cpu tensor."""
-    prompt_ids = torch.as_tensor(prompt_ids)
+    if isinstance(prompt_ids, (str, bytes)) or (isinstance(prompt_ids, (list, tuple)) and prompt_ids
+                                                 and isinstance(prompt_ids[0], (str, bytes))):
+        raise ValueError("prompt_ids must be token ids, not text: encode the text first, e.g. "
+                         "labkit.models.loading.encode_prompt(tokenizer, text, chat_template=True)")
+    try:
+        prompt_ids = torch.as_tensor(prompt_ids)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"prompt_ids must be a 1-D tensor (or list) of token ids, got {type(prompt_ids).__name__} "
+                         f"({e})") from None
     if prompt_ids.dtype.is_floating_point or prompt_ids.dtype.is_complex or prompt_ids.dtype == torch.bool:
         raise ValueError(f"prompt token ids must be integers, got a {prompt_ids.dtype} tensor: pass the "
                          "tokenizer's input_ids (torch.long)")
@@ -45,9 +55,46 @@ def check_request(model, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch
     return prompt_ids
 
 
+def check_sampling(sampling: SamplingConfig) -> SamplingConfig:
+    if not isinstance(sampling, SamplingConfig):
+        hint = f": SamplingConfig(**{sampling!r}) makes one of this dict" if isinstance(sampling, dict) else ""
+        raise ValueError(f"sampling must be a labkit.core.sampling.SamplingConfig, such as SamplingConfig() for "
+                         f"greedy or SamplingConfig(temperature=0.7, top_p=0.9), got {sampling!r}{hint}")
+    return sampling
+
+
+def check_eos(eos_token_ids) -> tuple[int, ...]:
+    """The end-of-sequence ids as a tuple; a lone int (a likely slip) or anything but ids is refused."""
+    ok = isinstance(eos_token_ids, (list, tuple, set, frozenset)) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos_token_ids)
+    if not ok:
+        example = f"({eos_token_ids},)" if isinstance(eos_token_ids, int) else "(151645,)"
+        raise ValueError(f"eos_token_ids must be a tuple of token ids, such as {example} or a loaded model's "
+                         f".eos_token_ids, got {eos_token_ids!r}")
+    return tuple(eos_token_ids)
+
+
+def check_drafter(drafter: Drafter) -> Drafter:
+    if not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter must be a labkit Drafter, such as labkit.drafters.DraftModelDrafter(draft_model) or "
+                         f"PromptLookupDrafter(), got {type(drafter).__name__}; for plain decoding call "
+                         "autoregressive_generate")
+    return drafter
+
+
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: int | None) -> int | None:
+    """A seed torch's generators take: None (torch's global generator) or an integer in [0, 2**63)."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+        raise ValueError(f"seed must be an integer in [0, 2**63) or None, got {seed!r}")
+    return seed
+
+
 def seeded(seed: int | None) -> torch.Generator | None:
     """A generator for sampled decoding: fixed by `seed`, or torch's global one (None)."""
-    return None if seed is None else torch.Generator().manual_seed(seed)
+    return None if check_seed(seed) is None else torch.Generator().manual_seed(seed)
 
 
 def cut(new_tokens: list[int], eos: set[int], max_new_tokens: int | None = None) -> list[int]:
@@ -75,10 +122,11 @@ class Decoder:
     trace: Trace
 
     def begin(self, target, prompt_ids: torch.Tensor, max_new_tokens: int, method: str,
-              eos_token_ids: tuple[int, ...], seed: int | None) -> None:
+              eos_token_ids: tuple[int, ...], seed: int | None, sampling: SamplingConfig) -> None:
         """Check the request and set up what every loop keeps."""
         self.prompt = check_request(target, prompt_ids, max_new_tokens)
-        self.max_new_tokens, self.eos, self.generator = max_new_tokens, set(eos_token_ids), seeded(seed)
+        self.sampling = check_sampling(sampling)
+        self.max_new_tokens, self.eos, self.generator = max_new_tokens, set(check_eos(eos_token_ids)), seeded(seed)
         self.trace = Trace(method=method, prompt_len=self.prompt.numel())
         self.tokens = self.prompt.tolist()                  # committed: prompt + generated
 

@@ -33,20 +33,21 @@ from ..core.trace import Step, Trace
 from ..drafters.base import Drafter
 from ..models.ragged_cache import RaggedCache, left_pad, unpad
 from ..models.target import Target
-from .base import Generation, check_request, cut, finished, seeded
+from .base import Generation, check_drafter, check_eos, check_request, check_sampling, cut, finished, seeded
 
 
 class _Batch:
     """The bookkeeping of B rows: prompts, new tokens and a trace each, and the shared clock."""
 
     def __init__(self, target: Target, prompts: list[torch.Tensor], max_new_tokens: int, method: str,
-                 eos_token_ids: tuple[int, ...], seed: int | None, clock):
+                 eos_token_ids: tuple[int, ...], seed: int | None, clock, sampling: SamplingConfig):
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts must be a non-empty list of 1-D token-id tensors, one per row")
         self.prompts = [check_request(target, p, max_new_tokens).tolist() for p in prompts]
+        check_sampling(sampling)
         self.new: list[list[int]] = [[] for _ in prompts]
         self.traces = [Trace(method=method, prompt_len=len(p)) for p in self.prompts]
-        self.max_new_tokens, self.eos, self.clock = max_new_tokens, set(eos_token_ids), clock
+        self.max_new_tokens, self.eos, self.clock = max_new_tokens, set(check_eos(eos_token_ids)), clock
         self.generator = seeded(seed)
         self.t0 = clock()
 
@@ -82,7 +83,7 @@ def batched_autoregressive_generate(model: Target, prompts: list[torch.Tensor], 
 
     clock: what the timings use; time.thread_time (with one torch thread) is stable on a shared CPU.
     """
-    batch = _Batch(model, prompts, max_new_tokens, "batched/autoregressive", eos_token_ids, seed, clock)
+    batch = _Batch(model, prompts, max_new_tokens, "batched/autoregressive", eos_token_ids, seed, clock, sampling)
     B = len(batch.prompts)
     cache = RaggedCache(model, B, max(map(len, batch.prompts)) + max_new_tokens)
     logits = cache.feed(*left_pad(batch.prompts))[:, -1]                               # (B, V)
@@ -130,16 +131,14 @@ def batched_speculative_generate(target: Target, drafter: Drafter, prompts: list
                                  eos_token_ids: tuple[int, ...] = (), seed: int | None = None,
                                  clock=time.perf_counter) -> list[Generation]:
     """Speculative decoding of B prompts: every row proposes up to γ tokens, one target forward verifies all."""
-    if not isinstance(drafter, Drafter):
-        raise ValueError(f"drafter must be a labkit Drafter, got {type(drafter).__name__}: wrap a draft model "
-                         "as labkit.drafters.DraftModelDrafter(model)")
+    check_drafter(drafter)
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
     if drafter.reads_features or drafter.reads_verdict:
         raise ValueError(f"the {drafter.name} drafter reads the target's features or verdicts, which only the tree "
                          "loop gives: batch a chain drafter (draft model, prompt lookup)")
     drafter.check_target(target)
-    batch = _Batch(target, prompts, max_new_tokens, f"batched/{drafter.name}", eos_token_ids, seed, clock)
+    batch = _Batch(target, prompts, max_new_tokens, f"batched/{drafter.name}", eos_token_ids, seed, clock, sampling)
     B, V = len(batch.prompts), target.vocab_size
     max_len = max(map(len, batch.prompts)) + (gamma + 2) * (max_new_tokens + 1)       # worst case: 1 token a step
     cache = RaggedCache(target, B, max_len)                                   # every committed token but the last

@@ -18,7 +18,7 @@ from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits
 from ..core.trace import Step
 from ..drafters.base import Drafter, Proposal
 from ..models.target import Target
-from .base import Decoder, Generation
+from .base import Decoder, Generation, check_drafter
 
 
 class SpeculativeDecoder(Decoder):
@@ -31,13 +31,14 @@ class SpeculativeDecoder(Decoder):
     def __init__(self, target: Target, drafter: Drafter, prompt_ids: torch.Tensor, max_new_tokens: int,
                  gamma: int | GammaPolicy = 5, sampling: SamplingConfig = GREEDY,
                  eos_token_ids: tuple[int, ...] = (), seed: int | None = None):
-        self.begin(target, prompt_ids, max_new_tokens, f"speculative/{drafter.name}", eos_token_ids, seed)
+        self.begin(target, prompt_ids, max_new_tokens, f"speculative/{check_drafter(drafter).name}", eos_token_ids,
+                   seed, sampling)
         if drafter.reads_features or drafter.reads_verdict:
             what = "features" if drafter.reads_features else "verdict on every node"
             raise ValueError(f"the {drafter.name} drafter reads the target's {what}, which only the tree loop "
                              "gives: decode with labkit.decoding.tree.TreeDecoder (or tree_generate)")
         drafter.check_target(target)
-        self.target, self.drafter, self.sampling = target, drafter, sampling
+        self.target, self.drafter = target, drafter
         self.policy = gamma if isinstance(gamma, GammaPolicy) else FixedGamma(gamma)
         t0 = time.perf_counter()
         with torch.no_grad():

@@ -30,7 +30,7 @@ from ..core.tree_budget import CostAwareBudget, FixedBudget
 from ..drafters.base import Drafter, Proposal
 from ..models.target import TreeTarget, as_tree_target
 from ..models.transformer import Transformer
-from .base import Decoder, Generation
+from .base import Decoder, Generation, check_drafter, check_sampling
 
 Budget = FixedBudget | CostAwareBudget
 
@@ -46,6 +46,7 @@ class TreeDecoder(Decoder):
                  eos_token_ids: tuple[int, ...] = (), seed: int | None = None, accept_rule: AcceptRule | None = None):
         """budget: tree nodes per step, or a policy choosing them each step (core.tree_budget.CostAwareBudget)."""
         policy = budget if isinstance(budget, (FixedBudget, CostAwareBudget)) else FixedBudget(budget)
+        check_drafter(drafter), check_sampling(sampling)
         if accept_rule is not None and not sampling.greedy:
             raise ValueError("a custom accept_rule (typical acceptance) replaces sampling: use temperature 0 with it")
         if isinstance(policy, CostAwareBudget) and not drafter.best_first:
@@ -53,10 +54,9 @@ class TreeDecoder(Decoder):
                              f"{drafter.name}'s proposals are not listed best first (Drafter.best_first): "
                              "give it a fixed budget (an int)")
         target = drafter.tree_target(as_tree_target(target))
-        self.begin(target, prompt_ids, max_new_tokens, f"tree/{drafter.name}", eos_token_ids, seed)
+        self.begin(target, prompt_ids, max_new_tokens, f"tree/{drafter.name}", eos_token_ids, seed, sampling)
         drafter.check_target(target)
-        self.target, self.drafter, self.budget = target, drafter, policy
-        self.sampling, self.accept_rule = sampling, accept_rule
+        self.target, self.drafter, self.budget, self.accept_rule = target, drafter, policy, accept_rule
         t0 = time.perf_counter()
         with torch.no_grad():
             self.cache = target.new_cache()                     # holds every committed token but the last

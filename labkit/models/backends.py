@@ -261,6 +261,13 @@ def _linear_for(path: str, precision: str):
     return {"reference": None, "onednn": OneDNNLinear, "packed": PackedLinear}[path]
 
 
+def onednn_bf16() -> bool:
+    """Whether torch's mkldnn_linear runs bf16 here (it refuses CPUs without these instructions)."""
+    from kernels import cpu
+    flags = cpu.cpu_flags()
+    return "avx_ne_convert" in flags or {"avx512bw", "avx512vl", "avx512dq"} <= flags
+
+
 def check_path(path: str, precision: str) -> None:
     """A clear error for an unknown path or precision, or one this machine cannot run."""
     if path not in PATHS:
@@ -272,6 +279,9 @@ def check_path(path: str, precision: str) -> None:
         ok, why = cpu.available()
         if not ok:
             raise ValueError(f"the {path} path cannot run here: {why}")
+    if path == "onednn" and precision == "bf16" and not onednn_bf16():
+        raise ValueError("oneDNN's bf16 linear needs a CPU with AVX-512 (avx512bw, avx512vl, avx512dq) or "
+                         "avx_ne_convert, which this one lacks: use the packed or reference path, or fp32")
     if path == "packed-amx":
         from kernels import cpu
         if "amx_bf16" not in cpu.cpu_flags() or precision != "bf16":

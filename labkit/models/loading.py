@@ -13,21 +13,17 @@ on a GPU it runs the reference modules there. `backend=` and `device=` override 
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from .backends import PATHS, QUANTIZED, ForwardPath, apply_path, precision_of
-from .hub import ModelFetchError, resolve_model
+from .backends import PATHS, ForwardPath, apply_path, precision_of
+from .checks import DTYPES, check_draft_precision, check_load_args, check_native_dtype, check_same_vocab, runs_native
+from .hub import ModelFetchError, is_preset_dir, repair_advice, resolve_model
 from .transformer import ModelArgs, Transformer, fuse_hf_weights
-
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
-          "fp16": torch.float16, "float16": torch.float16}
-# native: labkit's Transformer on the path this machine measured fastest; a path name forces that path
-BACKENDS = ("auto", "native", "hf", *PATHS)
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
@@ -108,8 +104,12 @@ def load_native(path: Path, dtype: torch.dtype, max_seq_len: int) -> Transformer
         try:   # own copies in `dtype`: tensors left on the file's memory map would keep all of it mapped
             state.update({k: v.to(dtype, copy=True) for k, v in load_file(f).items()})
         except Exception as e:  # safetensors raises its own error types for truncated or garbled files
-            raise ModelFetchError(f"{f} is corrupted ({e}): delete {path} and run `python -m labkit fetch` "
-                                  "again (or re-save the checkpoint)") from e
+            raise ModelFetchError(f"{f} is corrupted ({e}): {repair_advice(path)}") from e
+    if not is_preset_dir(path):   # a preset's files are hash-checked; a user's: a changed exponent byte reads as
+        for k, v in state.items():  # inf or NaN, which makes every output token 0 (one sum per tensor tells)
+            if v.is_floating_point() and not v.sum(dtype=torch.float32).isfinite():
+                raise ModelFetchError(f"the weights in {path} hold NaN or infinite values ({k}): the file is "
+                                      f"damaged; {repair_advice(path)}")
     state = fuse_hf_weights(state)
     with torch.device("meta"):
         model = Transformer(args)
@@ -136,27 +136,10 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "bf16", backend: st
     device: auto (CUDA when torch sees a GPU, else the CPU), cpu or cuda.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch sees no GPU here: use device='auto' or 'cpu'")
-    quantized = dtype if dtype in QUANTIZED else None
-    if quantized:
-        if backend == "hf" or device != "cpu":
-            raise ValueError(f"{dtype} weights need labkit's model on a CPU (backend other than 'hf', device 'cpu')")
-        dtype = "bf16"
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES) + list(QUANTIZED)}, got {dtype!r}")
-        dtype = DTYPES[dtype]
-    if max_seq_len < 2:
-        raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
-    if device != "cpu" and backend in PATHS and backend != "reference":
-        raise ValueError(f"the {backend} path runs on a CPU; on {device} use backend='reference' (or 'auto')")
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
+        raise ValueError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
+    device, quantized = check_load_args(dtype, backend, device)
+    dtype = DTYPES["bf16"] if quantized else DTYPES.get(dtype, dtype)
     source = resolve_model(name_or_path, progress=progress)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -165,8 +148,10 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "bf16", backend: st
         raise ModelFetchError(f"could not load {name_or_path!r} ({source}): {e}\nUse a preset "
                               "(python -m labkit models), a local directory with config.json, or a Hub id "
                               "(needs internet).") from e
+    native = runs_native(config, backend)
+    check_native_dtype(native, dtype, device)
     model, backend_used, choice = None, "native", None
-    if backend != "hf" and (backend != "auto" or config.get("model_type") in ("llama", "qwen2")):
+    if native:
         try:
             model = load_native(_local_dir(source), dtype, max_seq_len)
         except NotImplementedError:   # e.g. RoPE scaling: fall back to transformers under "auto"
@@ -192,9 +177,7 @@ def draft_precision(name_or_path: str, target: LoadedModel, asked: str = "auto")
     """The precision to load a draft model in: `asked`, or for "auto" the one whose one-token forward
     is fastest on this machine (calibrate.choose_precision) where labkit's model runs it on a CPU, else
     the target's. A draft only has to be approximately right: the target decides every token."""
-    if asked != "auto":
-        if asked not in ("fp32", "bf16", "fp16", *QUANTIZED):
-            raise ValueError(f"draft precision must be auto, fp32, bf16, fp16, int8 or int4, got {asked!r}")
+    if check_draft_precision(asked) != "auto":
         return asked
     target_precision = target.path.precision if target.path.precision in DTYPES else "bf16"
     if target.backend != "native" or target.path.device != "cpu":
@@ -237,10 +220,8 @@ def _eos_ids(source: str, tokenizer) -> tuple[int, ...]:
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
     """A draft must speak the target's vocabulary token for token; say so clearly when it does not."""
-    if target.model.vocab_size != draft.model.vocab_size or target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-        raise ValueError(f"the draft {draft.name!r} uses a different tokenizer than the target {target.name!r} "
-                         f"(vocab {draft.model.vocab_size} vs {target.model.vocab_size}): pick a draft model from the "
-                         "target's family (same tokenizer), or use --drafter lookup, which needs no model")
+    check_same_vocab(draft.name, draft.model.vocab_size, draft.tokenizer,
+                     target.name, target.model.vocab_size, target.tokenizer)
 
 
 def encode_prompt(tokenizer, text: str | list[dict], chat_template: bool) -> torch.Tensor:
@@ -278,8 +259,24 @@ def encode_prompt(tokenizer, text: str | list[dict], chat_template: bool) -> tor
         return torch.tensor(ids, dtype=torch.long)       # the text typed no control token: as transformers does
     fits = real.startswith(before) and real.endswith(after) and len(real) >= len(before) + len(after)
     content = real[len(before):len(real) - len(after)] if fits else text   # as the template wrote it (trimmed?)
-    user = tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    return torch.tensor(template_ids(before) + user + template_ids(after), dtype=torch.long)
+    return torch.tensor(template_ids(before) + text_ids(tokenizer, content) + template_ids(after), dtype=torch.long)
+
+
+_PLAIN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """The token ids of `text` as characters: no added token (special or not, such as <|im_start|> or
+    <tool_call>) is matched, so a control string typed in it stays the characters it is made of."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:                                  # a slow tokenizer: its special tokens split, at least
+        return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    if (plain := _PLAIN.get(tokenizer)) is None:
+        from tokenizers import Tokenizer
+        spec = json.loads(backend.to_str())
+        spec["added_tokens"] = []                        # the model's own vocabulary and merges only
+        plain = _PLAIN[tokenizer] = Tokenizer.from_str(json.dumps(spec))
+    return plain.encode(text, add_special_tokens=False).ids
 
 
 def _encode_conversation(tokenizer, messages: list[dict], chat_template: bool) -> torch.Tensor:

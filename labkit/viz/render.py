@@ -52,6 +52,14 @@ def pieces(trace: Trace, prompt_ids: list[int], tokenizer) -> list[Piece]:
     return out
 
 
+def committed_text(ps: list[Piece], trace: Trace) -> list[Piece]:
+    """The pieces without the end-of-sequence token a run stopped on: it ends the text, it is not part of it."""
+    if trace.stop_reason != "eos":
+        return ps
+    last = max(k for k, p in enumerate(ps) if p.kind != "rejected")
+    return ps[:last] + ps[last + 1:]
+
+
 def to_ansi(ps: list[Piece], colour: bool = True) -> str:
     if not colour:
         return "".join(p.text for p in ps if p.kind != "rejected")

@@ -1,0 +1,123 @@
+"""What can be checked about a model load before any weight is read, in one place for the command line, the
+bench and the API: the arguments (precision, forward path, device), the names of a target and its draft, and
+whether they share a vocabulary, from their config and tokenizer files alone.
+
+    check_models("qwen2.5-coder-1.5b-instruct", "bf16", draft="qwen2.5-coder-0.5b-instruct")   # or a ValueError
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .backends import PATHS, PRECISIONS, QUANTIZED, check_path, precision_of
+from .hub import PRESETS, converted_dir, is_converted, resolve_model
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
+          "fp16": torch.float16, "float16": torch.float16}
+# native: labkit's Transformer on the path this machine measured fastest; a path name forces that path
+BACKENDS = ("auto", "native", "hf", *PATHS)
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check_load_args(dtype: str | torch.dtype, backend: str, device: str) -> tuple[str, str | None]:
+    """(the device, the quantized precision or None): a load's arguments checked before anything is read."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no GPU here: use device='auto' or 'cpu'")
+    if not isinstance(dtype, torch.dtype) and dtype not in (*DTYPES, *QUANTIZED):
+        raise ValueError(f"dtype must be one of {sorted(DTYPES) + list(QUANTIZED)}, got {dtype!r}")
+    quantized = dtype if dtype in QUANTIZED else None
+    if quantized and (backend == "hf" or device != "cpu"):
+        raise ValueError(f"{dtype} weights need labkit's model on a CPU (backend other than 'hf', device 'cpu')")
+    if device != "cpu" and backend in PATHS and backend != "reference":
+        raise ValueError(f"the {backend} path runs on a CPU; on {device} use backend='reference' (or 'auto')")
+    if device == "cpu" and backend in PATHS:
+        precision = quantized or (precision_of(dtype) if isinstance(dtype, torch.dtype) else precision_of(DTYPES[dtype]))
+        if precision in PRECISIONS:
+            check_path(backend, precision)
+    return device, quantized
+
+
+def runs_native(config: dict, backend: str) -> bool:
+    """Whether a checkpoint with this config.json runs on labkit's Transformer (else on transformers)."""
+    return backend != "hf" and (backend != "auto" or config.get("model_type") in ("llama", "qwen2"))
+
+
+def check_native_dtype(native: bool, dtype: str | torch.dtype, device: str, what: str = "dtype") -> None:
+    """fp16 weights run labkit's model on a GPU only; `what` names the setting (dtype, draft precision)."""
+    if native and device == "cpu" and DTYPES.get(dtype, dtype) == torch.float16:
+        flag = "--" + what.replace(" ", "-")
+        raise ValueError(f"{what} fp16 ({flag} fp16) runs labkit's model on a GPU only: on a CPU use bf16 or fp32 "
+                         "(or backend='hf', --backend hf, for transformers' own fp16 on a CPU)")
+
+
+def check_models(target: str, dtype: str = "bf16", backend: str = "auto", device: str = "auto",
+                 draft: str | None = None, draft_precision: str = "auto") -> None:
+    """What can be checked about a target (and its draft) before either loads, in one place for the command
+    line, the bench and the API: the arguments, both names, and the vocabularies from their files alone."""
+    device, _ = check_load_args(dtype, backend, device)
+    check_model_name(target)
+    target_dir = on_disk(target)
+    if target_dir is not None:
+        check_native_dtype(runs_native(_config(target_dir), backend), dtype, device)
+    if draft is None:
+        return
+    if draft_precision != "auto":
+        check_load_args(check_draft_precision(draft_precision), backend, device)
+    check_model_name(draft)
+    draft_dir = on_disk(draft)
+    if draft_dir is not None and draft_precision != "auto":
+        check_native_dtype(runs_native(_config(draft_dir), backend), draft_precision, device, "draft precision")
+    if draft in PRESETS and target in PRESETS and PRESETS[draft].tokenizer != PRESETS[target].tokenizer:
+        raise ValueError(f"the draft {draft!r} uses a different tokenizer than the target {target!r} "
+                         f"({PRESETS[draft].tokenizer} vs {PRESETS[target].tokenizer}): pick a draft model from the "
+                         "target's family (same tokenizer), or use --drafter lookup, which needs no model")
+    if target_dir and draft_dir:
+        from transformers import AutoTokenizer
+        check_same_vocab(draft, _config(draft_dir).get("vocab_size"), AutoTokenizer.from_pretrained(draft_dir),
+                         target, _config(target_dir).get("vocab_size"), AutoTokenizer.from_pretrained(target_dir))
+
+
+def check_model_name(name: str) -> None:
+    """A preset's name, a local model directory or a reachable Hub id; nothing is downloaded or converted."""
+    if not isinstance(name, str):
+        raise ValueError(f"a model is named by a string (a preset, a local directory or a Hub id), got {name!r}")
+    if name not in PRESETS:
+        resolve_model(name, progress=False)
+
+
+def on_disk(name: str) -> Path | None:
+    """The local directory of a converted preset or a local model folder, else None (nothing is fetched)."""
+    if name in PRESETS:
+        return converted_dir(name) if is_converted(name) else None
+    return Path(name).expanduser() if Path(name).expanduser().is_dir() else None
+
+
+def _config(folder: Path) -> dict:
+    """A local model's config.json ({} where it cannot be read: loading says why)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def check_draft_precision(asked: str) -> str:
+    if asked not in ("auto", "fp32", "bf16", "fp16", *QUANTIZED):
+        raise ValueError(f"draft precision must be auto, fp32, bf16, fp16, int8 or int4, got {asked!r}")
+    return asked
+
+
+def check_same_vocab(draft: str, draft_vocab: int | None, draft_tokenizer, target: str, target_vocab: int | None,
+                     target_tokenizer) -> None:
+    if draft_vocab != target_vocab or draft_tokenizer.get_vocab() != target_tokenizer.get_vocab():
+        raise ValueError(f"the draft {draft!r} uses a different tokenizer than the target {target!r} "
+                         f"(vocab {draft_vocab} vs {target_vocab}): pick a draft model from the "
+                         "target's family (same tokenizer), or use --drafter lookup, which needs no model")
