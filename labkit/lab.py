@@ -58,14 +58,15 @@ def trust_notebooks(root: Path) -> list[Path]:
 
 
 def lab_settings(ip: str | None, port: int | None, remote: bool) -> tuple[str, int, bool]:
-    """(ip, port, remote) from the arguments, else LAB_IP / LAB_PORT / LAB_REMOTE, else the defaults;
-    a ValueError that names the setting when one is not usable."""
+    """(ip, port, remote) from the arguments, else LAB_IP / LAB_PORT / LAB_REMOTE, else the defaults (an
+    empty variable counts as unset, as make exports the ones it was not given); a ValueError that names the
+    setting when one is not usable."""
     env = os.environ
     if ip is None:
-        ip = env.get("LAB_IP", DEFAULT_IP)
+        ip = env.get("LAB_IP") or DEFAULT_IP
     if port is None:
         try:
-            port = int(env.get("LAB_PORT", DEFAULT_PORT))
+            port = int(env.get("LAB_PORT") or DEFAULT_PORT)
         except ValueError:
             raise ValueError(f"LAB_PORT must be a port number (1..65535), got {env['LAB_PORT']!r}") from None
     remote = remote or env.get("LAB_REMOTE", "") not in ("", "0")

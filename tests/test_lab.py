@@ -166,9 +166,9 @@ def test_the_runtime_files_go_even_when_the_server_is_killed_and_lab_port_is_rea
             server.wait()
 
 
-def test_lab_settings_from_the_environment_are_checked(tmp_path):
+def test_lab_settings_from_the_environment_are_checked(tmp_path, monkeypatch):
     for env, message in (({"LAB_PORT": "eighty"}, "LAB_PORT must be a port number"),
-                         ({"LAB_IP": ""}, "the lab's address is empty"),
+                         ({"LAB_IP": "   "}, "the lab's address is empty"),
                          ({"LAB_IP": "0.0.0.0"}, "lets other machines reach the lab: add --remote"),
                          ({"LAB_IP": "no-such-host.invalid"}, "cannot listen on 'no-such-host.invalid'")):
         res = subprocess.run([sys.executable, "-m", "labkit", "lab"], cwd=tmp_path,
@@ -178,3 +178,6 @@ def test_lab_settings_from_the_environment_are_checked(tmp_path):
     from labkit.lab import lab_settings
     assert lab_settings("0.0.0.0", 8890, remote=True) == ("0.0.0.0", 8890, True), "asked for explicitly: allowed"
     assert lab_settings("localhost", 8890, remote=False)[0] == "localhost"
+    monkeypatch.setenv("LAB_IP", "")                             # what `make lab` exports when not given them
+    monkeypatch.setenv("LAB_PORT", "")
+    assert lab_settings(None, None, remote=False) == ("127.0.0.1", 8888, False)
