@@ -15,9 +15,24 @@ import sys
 
 import torch
 
+from .drafters.draft_model import DEFAULT_WINDOW
+
 DRAFTERS = ("draft", "lookup", "none")
 POLICIES = ("fixed", "heuristic", "cost-aware")
 DRAFT_PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
+
+
+def draft_window(text: str) -> int | None:
+    """--draft-window: a number of tokens, or 'all' for the whole context."""
+    if text == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number of tokens >= 1 or 'all', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a number of tokens >= 1 or 'all', got {text!r}")
+    return value
 
 
 def add_model_args(p, default_dtype: str = "bf16") -> None:
@@ -30,6 +45,9 @@ def add_model_args(p, default_dtype: str = "bf16") -> None:
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="forward path: auto = the fastest this machine measured (cached), or force one")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when a GPU is present")
+    p.add_argument("--draft-window", type=draft_window, default=DEFAULT_WINDOW, metavar="N|all",
+                   help=f"tokens of the context the draft model reads besides its first 4 (default {DEFAULT_WINDOW}; "
+                        "'all': the whole context); the target always reads everything, so the output is the same")
     p.add_argument("--draft-precision", default="auto", choices=DRAFT_PRECISIONS,
                    help="the draft model's weights: auto = the fastest one-token forward here (int8/int4 are "
                         "weight-only: the target still decides every token)")
@@ -128,11 +146,11 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     return text
 
 
-def make_drafter(kind: str, draft_model=None, eos_token_ids=()):
+def make_drafter(kind: str, draft_model=None, eos_token_ids=(), window: int | None = None):
     from .drafters import DraftModelDrafter, PromptLookupDrafter
     if kind == "lookup":
         return PromptLookupDrafter()
-    return DraftModelDrafter(draft_model, eos_token_ids=eos_token_ids)
+    return DraftModelDrafter(draft_model, eos_token_ids=eos_token_ids, window=window)
 
 
 def make_policy(name: str, gamma: int):
@@ -169,7 +187,7 @@ def cmd_generate(a) -> int:
     else:
         if a.drafter == "draft":
             draft = load_draft(a.draft, target, a.draft_precision, a.backend, a.max_seq_len, progress=not a.json)
-        drafter = make_drafter(a.drafter, draft.model if draft else None, target.eos_token_ids)
+        drafter = make_drafter(a.drafter, draft.model if draft else None, target.eos_token_ids, a.draft_window)
         out = speculative_generate(target.model, drafter, prompt, a.max_new_tokens, policy, sampling,
                                    target.eos_token_ids, a.seed)
     text_out = target.tokenizer.decode(out.tokens, skip_special_tokens=True)
@@ -222,7 +240,7 @@ def cmd_bench(a) -> int:
         return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
     config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, a.dtype, a.max_new_tokens,
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit,
-                         a.backend, a.device, a.draft_precision)
+                         a.backend, a.device, a.draft_precision, a.draft_window)
     try:
         results = Path(a.out) / "results.jsonl" if a.report_only else run_bench(config)
     except KeyboardInterrupt:

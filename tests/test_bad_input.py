@@ -98,6 +98,8 @@ def bad_argv(d):
         (gen + ["--draft", str(d / "missing.gguf")], "does not exist"),
         (gen + ["--draft", str(d / "other-vocab")], "uses a different tokenizer than the target"),
         (gen + ["--draft-precision", "int3"], "invalid choice"),
+        (gen + ["--draft-window", "0"], "--draft-window: takes a number of tokens >= 1 or 'all'"),
+        (bench + ["--draft-window", "x"], "--draft-window: takes a number of tokens >= 1 or 'all'"),
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "hi"], "(qwen2.5 vs smollm2)"),
         (bench + ["--methods", "ar,draft", "--draft", "bogus"], "'bogus' is not a preset"),
         (bench + ["--methods", "ar,draft", "--draft", str(d / "other-vocab")], "uses a different tokenizer"),

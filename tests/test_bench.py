@@ -160,6 +160,22 @@ def test_aggregate_arithmetic():
     assert c1.ideal_speedup == pytest.approx(expected_speedup(0.8, 3, 0.1, 1.2))
 
 
+def test_prefill_share_and_the_decode_phase_speedup():
+    """A long prompt, a short answer: 3 s of prefill in both runs; the draft halves the decode (2 s -> 1 s), so the
+    end-to-end speedup is 5/4 while the decode phase ran at 2x. A record without a prefill leaves both unknown."""
+    records = [record("q1", "rag", "ar", [1, 2, 3, 4], 5.0, 4, AR_STEPS) | {"prefill_seconds": 3.0},
+               record("q1", "rag", "draft", [1, 2, 3, 4], 4.0, 2, [[3, 3, 1, 0.03, 0.12]]) | {"prefill_seconds": 3.0},
+               record("q1", "rag", "hf-generate", [1, 2, 3, 4], 6.0, 4, None, reference="hf-generate")]
+    row = {(r.category, r.method): r for r in aggregate(records)[0]}
+    draft = row["rag", "draft"]
+    assert draft.speedup == pytest.approx(5 / 4) and draft.decode_speedup == pytest.approx(2.0)
+    assert draft.prefill_share == pytest.approx(3 / 4) and row["rag", "ar"].prefill_share == pytest.approx(3 / 5)
+    assert row["rag", "hf-generate"].prefill_share is None and row["rag", "hf-generate"].decode_speedup is None
+    assert row["all", ORACLE].decode_speedup == pytest.approx(2.0)
+    older = [{k: v for k, v in r.items() if k != "prefill_seconds"} for r in records]     # a run from before
+    assert {r.decode_speedup for r in aggregate(older)[0]} == {None}
+
+
 def test_speedup_over_the_methods_own_plain_decoder():
     records = [record("q1", "c1", "ar", [1, 2, 3, 4], 2.0, 4, AR_STEPS),
                record("q1", "c1", "hf-generate", [1, 2, 3, 4], 1.0, 4, None, reference="hf-generate"),

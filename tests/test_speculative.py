@@ -135,3 +135,54 @@ def test_cost_aware_gamma_drafts_long_when_verify_is_flat_and_drafts_are_good():
         policy.update(synthetic_step(g, g if g else 0, draft_per_token=0.005, verify=0.1 + 0.001 * (g + 1)))
     assert policy.gamma() >= 8
     assert policy.tokens_per_second(policy.gamma()) > 2 * policy.tokens_per_second(0)
+
+
+def test_cost_aware_gamma_takes_plain_steps_for_a_wrong_draft_and_drafts_again_once_it_is_right(tiny_target):
+    """Chains through the real loop: an (at no cost) always-wrong draft gets plain steps, and the same draft
+    right after 40 tokens gets drafting back; the output is plain decoding's either way."""
+    from test_tree_budget import Oracle
+    prompt = PROMPTS[0]
+    ref = autoregressive_generate(tiny_target, prompt, 160)
+    answer = prompt.tolist() + ref.tokens
+    wrong = speculative_generate(tiny_target, Oracle(answer, 10**6, tiny_target.vocab_size), prompt, 160,
+                                 CostAwareGamma(start=3, warmup=2, probe_every=4))
+    plain = [s.plain_by_choice for s in wrong.trace.steps]
+    assert wrong.tokens == ref.tokens and sum(plain) >= 0.9 * len(plain), f"{sum(plain)} plain of {len(plain)}"
+    late = speculative_generate(tiny_target, Oracle(answer, len(prompt) + 12, tiny_target.vocab_size), prompt, 160,
+                                CostAwareGamma(start=3, warmup=2, probe_every=4))
+    assert late.tokens == ref.tokens and any(s.plain_by_choice for s in late.trace.steps[:12])
+    assert sum(s.n_accepted for s in late.trace.steps[-6:]) >= 12, "drafting resumed once the draft was right"
+
+
+def test_a_windowed_draft_reads_the_sinks_and_the_last_tokens_and_stays_exact(tiny_target, tiny_draft):
+    """window=W: the draft's first forward reads the `sinks` first tokens and the last W of a long prompt, its
+    cache never holds more than sinks + 2W + γ tokens, and the output is the target's, token for token."""
+    prompt = torch.arange(3, 3 + 120) % 90                                   # (120,)
+    ref = autoregressive_generate(tiny_target, prompt, 80)
+    fed, held = [], []
+    hook = tiny_draft.register_forward_pre_hook(lambda mod, args: fed.append(args[0].shape[1]))
+    drafter = DraftModelDrafter(tiny_draft, window=16, sinks=4)
+    commit = drafter.commit
+
+    def watched(n, features=None):
+        held.append(drafter.cache.length)
+        commit(n, features)
+    drafter.commit = watched
+    try:
+        out = speculative_generate(tiny_target, drafter, prompt, 80, gamma=3)
+    finally:
+        hook.remove()
+    assert out.tokens == ref.tokens
+    assert fed[0] == 4 + 16, f"the first draft forward read {fed[0]} tokens"
+    assert max(held) <= 4 + 2 * 16 + 3 and sum(f == 16 for f in fed[1:]) >= 3, "fresh windows as the text grew"
+    whole = DraftModelDrafter(tiny_draft)                                    # no window: the prompt is read whole
+    assert speculative_generate(tiny_target, whole, prompt, 8, gamma=3).tokens == ref.tokens[:8]
+    wide = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft, window=200), prompt, 40, gamma=3)
+    plain = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft), prompt, 40, gamma=3)
+    assert [s.proposed for s in wide.trace.steps] == [s.proposed for s in plain.trace.steps], \
+        "a window wider than the context drafts as no window does"
+    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+        DraftModelDrafter(tiny_draft, window=0)
+    with pytest.raises(ValueError, match="drafts one sequence at a time"):
+        from labkit.decoding.batched import batched_speculative_generate
+        batched_speculative_generate(tiny_target, DraftModelDrafter(tiny_draft, window=8), [prompt], 4)

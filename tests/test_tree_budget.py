@@ -8,6 +8,7 @@ from labkit import autoregressive_generate, tree_generate
 from labkit.core.sampling import GREEDY
 from labkit.core.trace import Step
 from labkit.core.tree_budget import CostAwareBudget, CurveFit, FixedBudget
+from labkit.drafters.base import Drafter, Proposal
 from labkit.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
 from labkit.drafters.lookahead import LookaheadDrafter
 from labkit.drafters.medusa import MedusaDrafter, MedusaHeads, medusa_tree
@@ -52,11 +53,32 @@ def test_flat_verify_cost_buys_the_whole_accepted_depth():
     assert chosen[8] == chosen[16] == 32   # exploring the largest tree: it costs next to nothing more
 
 
-def test_steep_verify_cost_keeps_the_tree_small():
-    chosen = feed(CostAwareBudget(max_budget=32, explore_every=8), lambda t: 0.02 + 0.1 * t)
+def test_steep_verify_cost_keeps_the_tree_small_or_drafts_nothing():
+    steep = lambda t: 0.02 + 0.1 * t       # noqa: E731
+    chosen = feed(CostAwareBudget(max_budget=32, min_budget=1, explore_every=8), steep)
     exploiting = [n for i, n in enumerate(chosen) if i > 8 and i % 8]
     assert set(exploiting) == {1}          # each node costs most of a step and pays two thirds of a token
     assert chosen[8] == chosen[16] == 2    # every 8th step explores twice the best, not the dear largest tree
+    # plain steps allowed (the default): one node yields 1.67 tokens in 0.22 s (7.6 tok/s), a plain step 1 token
+    # in 0.12 s (8.3 tok/s); so no draft, and every 8th step still tries one node
+    chosen = feed(CostAwareBudget(max_budget=32, explore_every=8), steep)
+    exploiting = [n for i, n in enumerate(chosen) if i > 8 and i % 8]
+    assert chosen[:2] == [32, 0] and set(exploiting) == {0}
+    assert chosen[8] == chosen[16] == 1
+
+
+def test_budget_zero_while_nothing_is_accepted_then_drafting_again_once_it_pays():
+    """A drafter that is always wrong for 24 steps, then right five nodes deep: plain steps, then trees again."""
+    policy, chosen = CostAwareBudget(max_budget=16, explore_every=4), []
+    for i in range(64):
+        n = policy.budget()
+        chosen.append(n)
+        path = [j for j in range(5) if j < n] if i >= 24 else []
+        policy.update(step(n, path, 0.1 + 0.001 * (n + 1), draft=0.002 * n))
+    assert set(chosen[6:24]) - {0} <= {n for i, n in enumerate(chosen[6:24], 6) if i % 4 == 0}, \
+        "while nothing is accepted, only the exploring steps draft"
+    assert chosen[6:24].count(0) >= 12
+    assert all(n >= 5 for n in chosen[40:]), f"drafting resumed: {chosen[24:]}"
 
 
 STEP_CURVE = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.8, 32: 3.4, 64: 6.7}   # flat to 8 tokens, then steep (a CPU)
@@ -155,3 +177,34 @@ def test_budgets_refuse_bad_values():
         FixedBudget(0)
     with pytest.raises(ValueError, match="min_budget <= max_budget"):
         CostAwareBudget(max_budget=4, min_budget=8)
+    with pytest.raises(ValueError, match="max_budget >= 1"):
+        CostAwareBudget(max_budget=0)
+
+
+class Oracle(Drafter):
+    """Proposes the known answer (a chain, at no cost), every token shifted to another until the sequence holds
+    `until` tokens: always wrong, then always right."""
+    name, best_first = "oracle", True
+
+    def __init__(self, answer: list[int], until: int, vocab_size: int):
+        self.answer, self.until, self.vocab_size = answer, until, vocab_size
+
+    def propose(self, tokens, k, sampling, generator=None):
+        chain = torch.tensor(self.answer[len(tokens):len(tokens) + k] or [0])
+        if len(tokens) < self.until:
+            chain = (chain + 1) % self.vocab_size
+        return Proposal(chain, None, torch.ones(len(chain)))
+
+
+def test_tree_decoding_takes_plain_steps_when_the_drafter_is_wrong_and_stays_exact(tiny_target):
+    ref = autoregressive_generate(tiny_target, PROMPT, 96)
+    answer = PROMPT.tolist() + ref.tokens
+    for until in (10**6, len(PROMPT) + 40):                         # always wrong; wrong for 40 tokens, then right
+        out = tree_generate(tiny_target, Oracle(answer, until, tiny_target.vocab_size), PROMPT, 96,
+                            budget=CostAwareBudget(max_budget=16, explore_every=4, verify_curve=STEP_CURVE))
+        assert out.tokens == ref.tokens, until
+        plain = [not s.proposed for s in out.trace.steps]
+        assert sum(plain) >= len(plain) // 2, f"plain steps {sum(plain)} of {len(plain)}"
+        if until < 10**6:
+            late = out.trace.steps[-8:]
+            assert sum(s.n_accepted for s in late) >= 8, "drafting resumed once the drafter was right"

@@ -68,6 +68,23 @@ def test_step_html_labels_every_token(tiny_target, tiny_draft):
     assert f"{c.before} → {c.peak} (written) → <b>{c.after}</b>" in html
 
 
+def test_a_plain_step_by_choice_is_shown_as_one(tiny_target):
+    """A cost-aware policy that chose γ = 0 (a draft that never agrees, at no cost): the stepper says so."""
+    from test_tree_budget import Oracle
+
+    from labkit import CostAwareGamma
+    tok = tiny_tokenizer()
+    wrong = Oracle([1] * 200, 10**6, tiny_target.vocab_size)
+    dec = SpeculativeDecoder(tiny_target, wrong, PROMPT, 40, CostAwareGamma(start=3, warmup=2, probe_every=8))
+    views = [take_step(dec) for _ in range(6)]
+    plain = next(v for v in views if v.step.plain_by_choice)
+    assert plain.step.asked == 0 and not plain.step.proposed and dec.trace.summary()["plain_steps"] >= 1
+    html = step_html(plain, tok)
+    assert "γ = 0, a plain step (drafting would not pay here)" in html and "γ = 0 was cheaper" in html
+    drafted = next(v for v in views if v.step.asked)
+    assert "a plain step" not in step_html(drafted, tok)
+
+
 def test_token_text_shows_whitespace():
     tok = tiny_tokenizer()
     assert token_text(tok, tok.convert_tokens_to_ids("Ġ")) == "␣"

@@ -60,6 +60,7 @@ class LlamaRun:
     target_forwards: int
     drafted: int = 0
     accepted: int = 0
+    prefill_seconds: float | None = None   # its prompt evaluation
 
 
 def _run(program: str, args: list[str], prompt: str) -> tuple[str, str]:
@@ -89,7 +90,7 @@ def completion(target: Path, prompt: str, n: int, threads: int) -> LlamaRun:
     eval_ms = _number(r"\beval time =\s*([\d.]+) ms /\s*\d+ runs", after_prompt, "llama-completion")
     runs = int(_number(r"\beval time =\s*[\d.]+ ms /\s*(\d+) runs", after_prompt, "llama-completion"))
     text = out.removesuffix("\n").removesuffix(" [end of text]")
-    return LlamaRun(text, runs + 1, (prompt_ms + eval_ms) / 1e3, runs + 1)
+    return LlamaRun(text, runs + 1, (prompt_ms + eval_ms) / 1e3, runs + 1, prefill_seconds=prompt_ms / 1e3)
 
 
 def speculative(target: Path, draft: Path, prompt: str, n: int, gamma: int, threads: int) -> LlamaRun:
@@ -108,7 +109,7 @@ def speculative(target: Path, draft: Path, prompt: str, n: int, gamma: int, thre
             shown = shown[len(head):]
             break
     # each target forward commits its accepted draft tokens + one of its own: forwards = new - accepted
-    return LlamaRun(shown.removesuffix("\n\n"), n_new, enc + dec, 1 + n_new - accepted, drafted, accepted)
+    return LlamaRun(shown.removesuffix("\n\n"), n_new, enc + dec, 1 + n_new - accepted, drafted, accepted, enc)
 
 
 def cost_row(gguf: Path, tokens: tuple[int, ...], context: int, repeats: int, threads: int) -> dict:

@@ -34,6 +34,7 @@ class MethodResult:
     verify_time: float                   # seconds inside target forwards
     steps: list[list] | None = None      # per step [γ, accepted, bonus, draft s, verify s]; labkit methods only
     seconds: float | None = None         # the method's own clock (llama.cpp: no process start); None: wall time
+    prefill_seconds: float | None = None  # reading the prompt, before the first decode step (None: not measured)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Models:
     hf_draft: torch.nn.Module | None = None
     timers: dict = field(default_factory=dict)   # hf module -> ForwardTimer
     draft_name: str | None = None        # the draft preset, for peers that load it themselves (llama.cpp)
+    draft_window: int | None = None      # tokens the draft model reads besides the sinks (None: the whole context)
     cross_draft: object | None = None    # loading.LoadedModel of CROSS_DRAFT: a draft with its own tokenizer
     hf_cross: torch.nn.Module | None = None
 
@@ -63,7 +65,8 @@ class Method:
 def from_generation(out: Generation) -> MethodResult:
     t = out.trace
     steps = [[s.gamma, s.n_accepted, int(s.bonus), round(s.draft_time, 6), round(s.verify_time, 6)] for s in t.steps]
-    return MethodResult(out.tokens, t.n_target_forwards, t.draft_time, t.verify_time, steps)
+    return MethodResult(out.tokens, t.n_target_forwards, t.draft_time, t.verify_time, steps,
+                        prefill_seconds=t.prefill_time)
 
 
 def _autoregressive(m: Models, n: int, gamma: int, lookup_tokens: int):
@@ -80,6 +83,11 @@ def _speculative(drafter: Callable[[Models], object], policy: Callable[[int], in
 
 
 def _draft_model(m: Models):
+    return DraftModelDrafter(m.draft.model, eos_token_ids=m.target.eos_token_ids, window=m.draft_window)
+
+
+def _draft_model_whole(m: Models):
+    """The draft model reading the whole context, whatever the run's window: what a window saves is measured."""
     return DraftModelDrafter(m.draft.model, eos_token_ids=m.target.eos_token_ids)
 
 
@@ -175,7 +183,9 @@ def _llama_cpp(speculative: bool = False):
             # its speculative program may commit a few tokens past n: keep n, and the time of the tokens kept
             share = min(n, len(tokens)) / len(tokens) if tokens else 1.0
             forwards = max(1, round(r.target_forwards * share))
-            return MethodResult(tokens[:n], forwards, None, r.seconds * share, None, r.seconds * share)
+            prefill = r.prefill_seconds
+            return MethodResult(tokens[:n], forwards, None, r.seconds * share, None,
+                                prefill + (r.seconds - prefill) * share, prefill)
         return run
     return build
 
@@ -283,6 +293,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("draft", "labkit draft model, γ={gamma}", _D, _speculative(_draft_model, lambda g: g)),
     Method("draft-heuristic", "labkit draft, heuristic γ", _D, _speculative(_draft_model, HeuristicGamma)),
     Method("draft-cost-aware", "labkit draft, cost-aware γ", _D, _speculative(_draft_model, CostAwareGamma)),
+    Method("draft-cost-aware-whole", "labkit draft reading the whole context, cost-aware γ", _D,
+           _speculative(_draft_model_whole, CostAwareGamma)),
     Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _speculative(_lookup, lambda g: g)),
     Method("lookup-cost-aware", "labkit prompt lookup, cost-aware γ", frozenset(),
            _speculative(_lookup, CostAwareGamma)),

@@ -16,6 +16,10 @@ Definitions (the Markdown header repeats them):
   speedup (a ratio of sums, as the measured speedup is).
 - oracle: per question the fastest of labkit's methods (autoregressive included), what a perfect
   method chooser would reach; its tokens/s is the new tokens over the sum of those fastest seconds.
+- prefill share: seconds spent reading the prompt (before the first decode step) over wall seconds;
+  decode speedup: new tokens over the seconds after the prefill, against the baseline's. A question
+  whose answer is 17 tokens after 741 of prompt is mostly prefill, which no drafter shortens: the
+  decode speedup says what speculation did with the part it can change.
 """
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ class Row:
     same_as_baseline: int          # questions whose tokens equal labkit's autoregressive output
     same_as_reference: int         # ... equal the plain decoder of the method's own stack
     speedup_over_reference: float | None = None   # tok/s over the plain decoder of its own stack (None: absent)
+    prefill_share: float | None = None             # prefill seconds / wall seconds (None: not measured)
+    decode_speedup: float | None = None            # decode-phase tok/s over the baseline's decode-phase tok/s
 
 
 @dataclass
@@ -172,13 +178,29 @@ def _oracle_row(cat: str, per_question: list[list[dict]], base: list[dict], mism
     best = [_fastest(rs) for rs in per_question]                                 # one record a question
     parted = {(x.question_id, x.method) for x in mismatches if x.reference == BASELINE}
     same = sum((r["question_id"], r["method"]) not in parted for r in best)
+    prefill, decode, base_decode = _prefill(best), _decode_tps(best), _decode_tps(base)
+    seconds = sum(r["seconds"] for r in best)
     return Row(cat, ORACLE, "oracle: the fastest labkit method per question", len(best), _tps(best),
-               _tps(best) / _tps(base), None, None, None, sum(r["verify_time"] for r in best) / sum(r["seconds"] for r in best),
-               None, same, same)
+               _tps(best) / _tps(base), None, None, None, sum(r["verify_time"] for r in best) / seconds,
+               None, same, same, prefill_share=None if prefill is None else prefill / seconds,
+               decode_speedup=decode / base_decode if decode and base_decode else None)
 
 
 def _tps(records: list[dict]) -> float:
     return sum(x["new_tokens"] for x in records) / sum(x["seconds"] for x in records)
+
+
+def _prefill(records: list[dict]) -> float | None:
+    """Prefill seconds summed over the records (None when one of them did not measure it)."""
+    values = [r.get("prefill_seconds") for r in records]
+    return None if any(v is None for v in values) else sum(values)
+
+
+def _decode_tps(records: list[dict]) -> float | None:
+    """New tokens over the seconds after the prefill (None where the prefill was not measured)."""
+    prefill = _prefill(records)
+    decode = None if prefill is None else sum(r["seconds"] for r in records) - prefill
+    return sum(r["new_tokens"] for r in records) / decode if decode else None
 
 
 def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mismatches: list[Mismatch]) -> Row:
@@ -191,6 +213,7 @@ def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mi
     ideals = [(b["seconds"], i) for r, b in zip(rs, base)
               if (i := ideal_speedup(r["steps"], b["steps"] or [], tree)) is not None]
     parted = {(x.question_id, x.reference) for x in mismatches if x.method == method}
+    prefill, decode, base_decode = _prefill(rs), _decode_tps(rs), _decode_tps(base)
     return Row(cat, method, label, len(rs), _tps(rs), _tps(rs) / _tps(base),
                sum(r["new_tokens"] for r in rs) / forwards if forwards else None,
                sum(s[1] for s in drafted) / proposed if proposed else None,
@@ -198,7 +221,9 @@ def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mi
                sum(r["verify_time"] for r in rs) / seconds,
                sum(t for t, _ in ideals) / sum(t / i for t, i in ideals) if ideals else None,
                sum((r["question_id"], BASELINE) not in parted for r in rs),
-               sum((r["question_id"], r["reference"]) not in parted for r in rs))
+               sum((r["question_id"], r["reference"]) not in parted for r in rs),
+               prefill_share=None if prefill is None else prefill / seconds,
+               decode_speedup=decode / base_decode if decode and base_decode else None)
 
 
 def _fmt(x, spec: str = "{:.2f}") -> str:
@@ -220,7 +245,9 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
     """The Markdown report: settings and definitions, the table, and every output that parts from its reference."""
     lines = [f"# labkit bench: {Path(meta['questions']).name}", "",
              f"Measured {meta['date']} on {meta['machine']}; target `{meta['target']}`, draft `{meta['draft']}`, "
-             f"{meta['dtype']}, greedy, max_new_tokens={meta['max_new_tokens']}, γ={meta['gamma']}. "
+             f"{meta['dtype']}, greedy, max_new_tokens={meta['max_new_tokens']}, γ={meta['gamma']}"
+             + (f"; the draft model reads the context's first 4 tokens and its last {meta['draft_window']}"
+                if meta.get("draft_window") else "") + ". "
              + _ran_on(meta) + "Every ratio compares methods run back to back on the same question, which "
              "cancels slow drift, not bursts." + (f" {note}" if note else ""), "",
              "Definitions: *tok/s* = new tokens / wall seconds (prefill included; for llama.cpp its own clocks, "
@@ -232,11 +259,16 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
              "drafting and in target forwards; *ideal ×* = Leviathan et al.'s speedup for this run's measured "
              "acceptance and step costs (tree methods: new tokens per baseline step's worth of their measured "
              "drafting and verifying; over several questions a ratio of sums, as *× AR*); *= AR* / *= ref* = questions whose output equals labkit autoregressive's / "
-             "the plain decoder of the method's own stack (transformers generate for the peers) token for token.", "",
-             "| category | method | n | tok/s | × AR | × own | tok/fwd | accept | draft | verify | ideal × | = AR | = ref |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "the plain decoder of the method's own stack (transformers generate for the peers) token for token; "
+             "*prefill* = share of wall time spent reading the prompt, before the first decode step; *× AR decode* = "
+             "new tokens over the seconds after the prefill, against labkit autoregressive's (what speculation "
+             "changed: no drafter shortens the prefill).", "",
+             "| category | method | n | tok/s | × AR | × AR decode | prefill | × own | tok/fwd | accept | draft | verify "
+             "| ideal × | = AR | = ref |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.category} | {r.label} | {r.questions} | {r.tokens_per_second:.2f} | {r.speedup:.2f} | "
+                     f"{_fmt(r.decode_speedup)} | {_fmt(r.prefill_share, '{:.0%}')} | "
                      f"{_fmt(r.speedup_over_reference)} | "
                      f"{_fmt(r.tokens_per_forward)} | {_fmt(r.acceptance_rate)} | {_fmt(r.draft_share, '{:.0%}')} | "
                      f"{r.verify_share:.0%} | {_fmt(r.ideal_speedup)} | {r.same_as_baseline}/{r.questions} | "

@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.textfile import writable_dir
+from ..drafters.draft_model import DEFAULT_WINDOW
 from .methods import (
     CROSS_DRAFT,
     METHODS,
@@ -51,6 +52,7 @@ class BenchConfig:
     backend: str = "auto"              # labkit's forward path (checks.BACKENDS); auto: calibrated
     device: str = "auto"
     draft_precision: str = "auto"      # the draft model's weights (loading.draft_precision)
+    draft_window: int | None = DEFAULT_WINDOW   # tokens the draft model reads besides the sinks (None: all)
 
     def __post_init__(self):
         self.methods = check_methods(default_methods(self.target) if self.methods is None else self.methods)
@@ -58,6 +60,8 @@ class BenchConfig:
         for name in ("max_new_tokens", "gamma", "lookup_tokens", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.draft_window is not None and self.draft_window < 1:
+            raise ValueError(f"--draft-window must be >= 1 (or 'all'), got {self.draft_window}")
 
     @property
     def run_key(self) -> str:
@@ -67,6 +71,8 @@ class BenchConfig:
         for k in ("backend", "device", "draft_precision"):     # keys of older runs stay valid at the defaults
             if getattr(self, k) != "auto":
                 keyed[k] = getattr(self, k)
+        if self.draft_window is not None:                       # older runs' drafts read the whole context
+            keyed["draft_window"] = self.draft_window
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -120,7 +126,7 @@ def load_models(config: BenchConfig, progress: bool = True) -> Models:
     check_models(config.target, config.dtype, config.backend, config.device,
                  config.draft if "draft" in needs else None, config.draft_precision)
     models = Models(load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress),
-                    draft_name=config.draft)
+                    draft_name=config.draft, draft_window=config.draft_window)
     if "draft" in needs:
         models.draft = load_draft(config.draft, models.target, config.draft_precision, config.backend,
                                   progress=progress)

@@ -21,6 +21,12 @@ class Step:
     q_draft: list[float] = field(default_factory=list)
     parents: list[int] | None = None   # tree steps: the proposal's parent vector (proposed = its node tokens)
     path: list[int] | None = None      # tree steps: the accepted nodes, root to leaf
+    asked: int | None = None           # the draft length / tree budget asked for (0: a plain step by choice)
+
+    @property
+    def plain_by_choice(self) -> bool:
+        """A step that drafted nothing because the γ or budget policy judged drafting would not pay."""
+        return self.asked == 0
 
     @property
     def accepted_tokens(self) -> list[int]:
@@ -97,7 +103,8 @@ class Trace:
                 "tokens_per_forward": self.tokens_per_forward, "acceptance_rate": self.acceptance_rate,
                 "tokens_per_second": self.tokens_per_second, "total_time": self.total_time,
                 "prefill_time": self.prefill_time, "draft_time": self.draft_time,
-                "verify_time": self.verify_time, "stop_reason": self.stop_reason}
+                "verify_time": self.verify_time, "stop_reason": self.stop_reason,
+                "plain_steps": sum(s.plain_by_choice for s in self.steps)}
 
     def to_dict(self) -> dict:
         return {**self.summary(), "prompt_len": self.prompt_len, "steps": [asdict(s) for s in self.steps]}

@@ -19,11 +19,16 @@ expected tokens per second:
   tokens can cost what 1 does and 16 twice as much, a step a straight line cannot follow (it
   charges every node the average slope, and so keeps trees smaller than the flat stretch).
 
-The first steps verify the largest and the smallest tree (two sizes for the cost line), and
-every `explore_every`-th step verifies a larger tree: twice the best budget so far, or the
-largest whose fitted verify costs at most 25% more than the best's. So the estimate for larger
-trees stays fresh, a budget that pays can keep growing, and where large verifies are dear (on a
-CPU a 64-node verify can cost four one-token steps) exploring does not pay for the largest.
+Budget 0 is a choice too: a plain step (no drafting; the target's one token), chosen when no
+tree is expected to commit tokens faster than plain decoding does, as on text the drafter cannot
+guess; its cost is the measured one-token verify and its yield one token, so drafting stops
+where it would lose. The first steps verify the largest tree and the smallest (budget 0 by
+default: two sizes for the cost line), and every `explore_every`-th step verifies a larger tree:
+twice the best budget so far (at least one node), or the largest whose fitted verify costs at
+most 25% more than the best's. So the estimate for larger trees stays fresh, a budget that pays
+can keep growing, drafting resumes once the exploring steps see it pay again (a loss bounded by
+one exploring step in `explore_every`), and where large verifies are dear (on a CPU a 64-node
+verify can cost four one-token steps) exploring does not pay for the largest.
 (Under sampling, acceptance along the path depends on the other nodes, and the counterfactual
 is an estimate.)
 """
@@ -81,17 +86,20 @@ class CostAwareBudget:
     """Pick each step's tree budget (nodes) maximising expected tokens per second, measured on this run."""
     name = "cost-aware"
 
-    def __init__(self, max_budget: int = 64, min_budget: int = 1, window: int = 32, explore_every: int = 8,
+    def __init__(self, max_budget: int = 64, min_budget: int = 0, window: int = 32, explore_every: int = 8,
                  warmup: int = 2, verify_curve: dict[int, float] | None = None):
-        """verify_curve: this machine's {tokens: t(tokens)/t(1)} (None: fit a line to the run's steps)."""
-        if isinstance(max_budget, bool) or not isinstance(max_budget, int) or not 1 <= min_budget <= max_budget:
-            raise ValueError(f"need integers 1 <= min_budget <= max_budget, got {min_budget}, {max_budget}")
+        """verify_curve: this machine's {tokens: t(tokens)/t(1)} (None: fit a line to the run's steps);
+        min_budget 0 lets a step be plain decoding (no draft) where drafting does not pay."""
+        if isinstance(max_budget, bool) or not isinstance(max_budget, int) or not 0 <= min_budget <= max_budget \
+                or max_budget < 1:
+            raise ValueError(f"need integers 0 <= min_budget <= max_budget, max_budget >= 1, got {min_budget}, "
+                             f"{max_budget}")
         self.max_budget, self.min_budget = max_budget, min_budget
         self.explore_every, self.warmup = explore_every, warmup
         self.history: deque[tuple[int, int, list[int]]] = deque(maxlen=window)   # (budget, nodes, accepted path)
         self.verify = CurveFit(verify_curve) if verify_curve else VerifyFit(decay=0.95)
         self.draft_seconds = 0.0
-        self.n_steps = 0
+        self.n_steps = self.n_drafted = 0
         self.last = max_budget
 
     def budget(self) -> int:
@@ -105,26 +113,33 @@ class CostAwareBudget:
         return self.last
 
     def explore_budget(self, best: int) -> int:
-        """Twice the best budget, or further while a verify costs at most 25% more than the best's."""
+        """Twice the best budget (at least one node), or further while a verify costs at most 25% more than
+        the best's."""
         limit = 1.25 * self.verify(best + 1)
         cheap = max(n for n in range(best, self.max_budget + 1) if n == best or self.verify(n + 1) <= limit)
-        return max(min(self.max_budget, 2 * best), cheap)
+        return max(min(self.max_budget, max(1, 2 * best)), cheap)
 
     def update(self, step: Step) -> None:
-        """Learn from a verified step (its proposal, accepted path and timings)."""
+        """Learn from a verified step (its proposal, accepted path and timings); a plain step only times a verify."""
         nodes = len(step.proposed)
-        self.history.append((self.last, nodes, list(step.path or [])))
         self.verify.add(nodes + 1, step.verify_time)
-        self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * step.draft_time if self.n_steps else step.draft_time
         self.n_steps += 1
+        if self.last == 0:
+            return
+        self.history.append((self.last, nodes, list(step.path or [])))
+        self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * step.draft_time if self.n_drafted else step.draft_time
+        self.n_drafted += 1
 
     def estimates(self) -> list[tuple[int, float, float]]:
-        """(n, expected tokens a step commits, expected seconds a step takes) for budgets n = 1, 2, ... as far as
-        the remembered steps say. Node n's gain (it is on the accepted path) is averaged over the steps that
-        would have verified it (budget >= n, or fewer nodes because the drafter proposed fewer), and the gains
-        add up: so a budget that only the exploring steps reached is judged by its extra nodes alone."""
+        """(n, expected tokens a step commits, expected seconds a step takes) for budgets n = 0, 1, 2, ... as far
+        as the remembered steps say (n = 0, a plain step: one token for a one-token verify, when min_budget
+        allows it). Node n's gain (it is on the accepted path) is averaged over the steps that would have
+        verified it (budget >= n, or fewer nodes because the drafter proposed fewer), and the gains add up: so
+        a budget that only the exploring steps reached is judged by its extra nodes alone."""
         steps = [(budget, nodes, set(path)) for budget, nodes, path in self.history]
         out, tokens = [], 1.0
+        if self.min_budget == 0:
+            out.append((0, 1.0, max(1e-9, self.verify(1))))
         for n in range(1, self.max_budget + 1):
             seen = [(nodes, path) for budget, nodes, path in steps if budget >= n or nodes < budget]
             if not seen:

@@ -79,7 +79,7 @@ class SpeculativeDecoder(Decoder):
         self.drafter.commit(n_before + acc.n_accepted)
         new_tokens = self._commit(acc.tokens(draft))
         step = Step(draft.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1,
-                    p_target[torch.arange(draft.numel()), draft].tolist(), proposal.q_token[:k].tolist())
+                    p_target[torch.arange(draft.numel()), draft].tolist(), proposal.q_token[:k].tolist(), asked=k)
         self.policy.update(step)
         return self._record(step, new_tokens, t0)
 

@@ -106,7 +106,7 @@ class TreeDecoder(Decoder):
         step = Step(nodes.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1,
                     p_target[parent_rows, nodes].tolist(),
                     proposal.q_token.tolist(),
-                    parents=tree.parents.tolist(), path=acc.path)
+                    parents=tree.parents.tolist(), path=acc.path, asked=budget)
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
 

@@ -5,6 +5,14 @@ seen (the last step's accepted tokens and the target's correction/bonus token), 
 `commit` truncates its cache to what the target accepted. For B sequences at once it keeps one
 `RaggedCache` and drafts every row in the same forward: each draft position costs one forward
 of B tokens, not B forwards of one.
+
+A draft only guesses, so it need not read everything the target reads. With `window=W` it sees
+the context's first `sinks` tokens (attention sinks) and its last W tokens, at contiguous
+positions, as StreamingLLM (Xiao et al. 2024) and TriForce (Sun et al. 2024) keep a draft's
+cache: its prefill and each step cost the same whatever the prompt's length. Once the tokens past
+the sinks reach 2W it starts a fresh window of the last W (one draft forward over W tokens, every
+W committed tokens). The target still verifies against the whole context, so the output is
+exactly the target's; only how often the draft is right can change.
 """
 from __future__ import annotations
 
@@ -14,30 +22,54 @@ from ..core.sampling import SamplingConfig, draw
 from ..models.ragged_cache import RaggedCache, left_pad
 from .base import Drafter, Proposal
 
+# The window the lab's command line and benchmark draft with (a DraftModelDrafter made by hand reads the whole
+# context unless given one): read off the acceptance and speed against the window on long prompts, measured by
+# scripts/draft_window.py (data/bench/draft_window.md).
+DEFAULT_WINDOW = 64
+
 
 class DraftModelDrafter(Drafter):
     name = "draft"
     best_first = True                   # a chain: its first n tokens are the chain it drafts with k = n
 
-    def __init__(self, model, stop_below: float | None = None, eos_token_ids: tuple[int, ...] = ()):
-        """`stop_below`: stop drafting early once the draft's own top probability drops below it."""
+    def __init__(self, model, stop_below: float | None = None, eos_token_ids: tuple[int, ...] = (),
+                 window: int | None = None, sinks: int = 4):
+        """`stop_below`: stop drafting early once the draft's own top probability drops below it.
+        `window`: the draft reads the first `sinks` tokens and the last `window` of the context (None: all of it)."""
         if stop_below is not None and not 0 <= stop_below < 1:
             raise ValueError(f"stop_below must be in [0, 1) or None, got {stop_below}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be an integer >= 1 (tokens the draft reads) or None for the whole "
+                             f"context, got {window!r}")
+        if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+            raise ValueError(f"sinks must be an integer >= 0 (the context's first tokens the draft keeps), got {sinks!r}")
         self.model, self.stop_below, self.eos_token_ids = model, stop_below, set(eos_token_ids)
+        self.window, self.sinks = window, sinks
         self.cache = None
+        self.skipped = 0            # committed tokens between the sinks and the window that the cache left out
 
     def check_target(self, target) -> None:
         check_draft_model(target, self.model)
 
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
-        self.cache = self.model.new_cache()
+        self.cache, self.skipped = self.model.new_cache(), 0
+
+    def unseen(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The committed tokens (n,) the draft has not read yet; with a window, a fresh one started when due."""
+        held = self.cache.length + self.skipped                                  # committed tokens accounted for
+        if self.window is not None and len(tokens) - min(len(tokens), self.sinks) - self.skipped > 2 * self.window:
+            kept = min(self.cache.length, self.sinks)
+            self.cache.truncate(kept)
+            self.skipped = len(tokens) - self.sinks - self.window
+            return torch.cat([tokens[kept:self.sinks], tokens[-self.window:]])   # sinks, then the last W
+        return tokens[held:]
 
     @torch.no_grad()
     def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
         if k == 0:
             return Proposal.empty(tokens)
-        unseen = tokens[self.cache.length:].to(self.model.device)                 # (n,): >= 1 committed token
+        unseen = self.unseen(tokens).to(self.model.device)                      # (n,): >= 1 committed token
         logits = self.model(unseen[None], self.cache, num_logits=1)[0, -1].cpu()  # (V,), sampled on the host
         drafted, q_rows, q_tok = [], [], []
         for i in range(k):
@@ -52,7 +84,10 @@ class DraftModelDrafter(Drafter):
         return Proposal(torch.stack(drafted), None if sampling.greedy else torch.stack(q_rows), torch.stack(q_tok))
 
     def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
-        self.cache.truncate(min(self.cache.length, n_cached))
+        if n_cached - self.skipped < self.sinks and self.skipped:    # rolled back into the skipped stretch: restart
+            self.cache.truncate(min(self.cache.length, self.sinks, n_cached))
+            self.skipped = 0
+        self.cache.truncate(min(self.cache.length, n_cached - self.skipped))
 
     def _stops(self, token: int, probs: torch.Tensor) -> bool:
         return token in self.eos_token_ids or (self.stop_below is not None and float(probs.max()) < self.stop_below)
@@ -60,6 +95,9 @@ class DraftModelDrafter(Drafter):
     @torch.no_grad()
     def start_rows(self, prompts: list[torch.Tensor], max_len: int) -> None:
         """A cache for all rows, prefilled with each prompt but its last token (as the target's is)."""
+        if self.window is not None:
+            raise ValueError("a windowed draft (window=...) drafts one sequence at a time: batch it with "
+                             "DraftModelDrafter(model, window=None)")
         self.rows_cache = RaggedCache(self.model, len(prompts), max_len)
         if max(p.numel() for p in prompts) > 1:
             self.rows_cache.feed(*left_pad([p[:-1].tolist() for p in prompts]))

@@ -111,8 +111,11 @@ def step_html(view: StepView, tokenizer, context_tokens: int = 12) -> str:
         caches += _cache_bar("draft", view.draft_cache, 360 / longest)
     head = (f"step {view.index + 1}: γ = {s.gamma}, accepted {s.n_accepted} of {s.gamma}, "
             f"committed {s.n_committed} token{'s' if s.n_committed > 1 else ''}")
+    if s.plain_by_choice:
+        head = f"step {view.index + 1}: γ = 0, a plain step (drafting would not pay here), committed 1 token"
+    nothing = "<i>nothing: γ = 0 was cheaper in expectation</i>" if s.plain_by_choice else "<i>nothing (no match)</i>"
     rows = [("context", f'<span style="color:#777;white-space:pre-wrap">…{_html.escape(tail)}</span>'),
-            ("1. draft proposes", proposed or "<i>nothing (no match)</i>"),
+            ("1. draft proposes", proposed or nothing),
             ("2. target verifies", "".join(verdicts)),
             ("3. committed", committed),
             ("4. rollback", caches)]
