@@ -6,6 +6,7 @@
     tree            propose a tree -> verify every node at once -> accept a path -> compact
     batched         B sequences at once with any chain drafter, each row accepting its own count
     static          a static cache, torch.compile and CUDA graphs: decoding at the speed of memory (GPU)
+    compiled        the chain loop on static caches, one compiled shape (and CUDA graph) per draft-length bucket
 """
 from .autoregressive import AutoregressiveDecoder, autoregressive_generate
 from .base import Decoder, Generation

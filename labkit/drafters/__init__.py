@@ -9,6 +9,7 @@
     medusa         Medusa-1 heads on the target's features, a static top-k tree
     eagle          an EAGLE feature-level head, EAGLE-2 dynamic trees
     mtp, mtp_tree  multi-token heads drafting for their own model (Gloeckle, DeepSeek-V3)
+    replay         replayed acceptance: a recorded run's accepted lengths, for timing random-weight models
 """
 from .base import Drafter, Proposal
 from .draft_model import DraftModelDrafter

@@ -1,0 +1,378 @@
+"""Speculation at the speed of memory: the chain loop on a static cache, compiled, one CUDA graph a shape.
+
+The eager loop (speculative.py) is the reference; this is the same propose -> verify -> accept ->
+commit on gpt-fast's decode path (static.py), so that on a GPU a step costs what its forwards
+cost, not what launching them from Python costs:
+
+1. The target sits in a `StaticKVCache`. The verify forward feeds the last committed token and K
+   draft tokens, padded to a fixed width: K is rounded up to a bucket of `BUCKETS` = (1, 2, 4, 8),
+   so the verify has four shapes. Each shape is compiled once by torch.compile and, on CUDA,
+   recorded once as a CUDA graph (`FixedShapeStep`); positions and slots are tensors filled in
+   place, so nothing Python-side changes between calls.
+2. A draft model drafts on the device too, in its own static cache: one-token steps, and a
+   two-token step to catch up on what it has not read (the correction after a rejection, or the
+   last draft token and the bonus token after a full accept). A host drafter (prompt lookup,
+   suffix, anything with a chain proposal) proposes on the CPU and hands its tokens over.
+3. Acceptance runs on the device (`greedy_accept_on_device`, `speculative_accept_on_device`); the
+   step reads the verdict and the tokens back with one host sync, its only one.
+4. Commit sets the target cache's length: a chain's accepted draft tokens already sit in the
+   slots right after the committed ones, so nothing is copied (a tree would need `commit_path`).
+
+Batch size 1, chain drafters, labkit's own `Transformer` as the target. Greedy output equals
+`autoregressive_generate`'s token for token and sampled output has the target's distribution
+(tests/test_compiled_speculative.py); scripts/gpu_check.py times it on a GPU.
+"""
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import torch
+
+from ..core.adaptive import FixedGamma, GammaPolicy, check_gamma
+from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits
+from ..core.trace import Step
+from ..drafters.base import Drafter
+from ..drafters.draft_model import DraftModelDrafter
+from ..drafters.replay import PacedDrafter
+from ..models.transformer import Transformer
+from .base import Decoder, Generation, check_drafter
+from .static import StaticKVCache, capture_graph, static_forward
+
+BUCKETS = (1, 2, 4, 8)      # draft lengths the verify forward is compiled for; K pads up to the next one
+MAX_GAMMA = BUCKETS[-1]
+
+
+def bucket(k: int) -> int:
+    """The verify width (in draft tokens) for a draft of k tokens: the smallest bucket that holds it."""
+    return next(b for b in BUCKETS if b >= k)
+
+
+class FixedShapeStep:
+    """`static_forward` over T tokens at T slots, both buffers filled in place: one shape, so torch.compile traces
+    it once and a CUDA graph records it once. Fill `tokens` (1, T), call `at(first_slot)`, then call it."""
+
+    def __init__(self, model: Transformer, cache: StaticKVCache, width: int, compile: bool, cuda_graph: bool,
+                 compile_backend: str, compile_options: dict | None):
+        device = model.device
+        self.cache, self.cuda_graph = cache, cuda_graph
+        self.tokens = torch.zeros(1, width, dtype=torch.long, device=device)     # (1, T) valid ids, always
+        self.slots = torch.arange(width, device=device)                          # (T,) where they are written
+        self.ramp = torch.arange(width, device=device)                           # (T,) 0, 1, ..., T-1
+        forward = lambda: static_forward(model, cache, self.tokens)              # noqa: E731
+        # dynamic=False: each width is its own static graph (dynamo would otherwise generalise the second width)
+        self.forward = torch.compile(forward, backend=compile_backend, fullgraph=True, dynamic=False,
+                                     options=compile_options) if compile else forward
+        self.graph, self.logits = None, None
+
+    def at(self, first_slot: int) -> None:
+        """Slots first_slot, ..., first_slot + T - 1 (written on the device: no host sync)."""
+        torch.add(self.ramp, first_slot, out=self.slots)
+
+    def __call__(self) -> torch.Tensor:
+        """Logits (1, T, V) of `tokens`, whose keys and values land at `slots`; a graph's output is refilled in place."""
+        self.cache.slots = self.slots          # the slot tensor this shape's compiled code and graph read
+        if not self.cuda_graph:
+            return self.forward()
+        if self.graph is None:                 # compile and record now (warm-up writes these slots again: harmless)
+            self.graph, self.logits = capture_graph(self.forward, warmups=3)
+        self.graph.replay()
+        return self.logits
+
+
+class DeviceAcceptance(NamedTuple):
+    n_accepted: torch.Tensor   # () leading draft tokens kept, 0..K
+    tokens: torch.Tensor       # (K+1,) the draft's first n_accepted tokens, then the correction or bonus token
+
+
+def greedy_accept_on_device(draft: torch.Tensor, target_logits: torch.Tensor) -> DeviceAcceptance:
+    """`core.acceptance.greedy_accept` without leaving the device. draft (K,), target_logits (K+1, V)."""
+    K = draft.shape[0]
+    target_tokens = target_logits.argmax(-1)                                     # (K+1,)
+    n = (target_tokens[:K] == draft).int().cumprod(0).sum()                      # ()
+    return DeviceAcceptance(n, target_tokens)    # its first n equal the draft; token n is the target's own pick
+
+
+def speculative_accept_on_device(draft: torch.Tensor, q_draft: torch.Tensor, p_target: torch.Tensor,
+                                 generator: torch.Generator | None = None) -> DeviceAcceptance:
+    """Rejection sampling of Leviathan et al. 2023 / Chen et al. 2023 without leaving the device.
+
+    Keep x_i with probability min(1, p_target(x_i) / q_draft(x_i)); at the first rejection draw from
+    norm(max(0, p_target - q_draft)); after K acceptances draw the bonus from p_target[K] (no draft there,
+    so the residual against a zero q is p_target itself). draft (K,), q_draft (K, V), p_target (K+1, V).
+    """
+    K, V = q_draft.shape
+    idx = torch.arange(K, device=draft.device)
+    p_x, q_x = p_target[idx, draft], q_draft[idx, draft]                         # (K,), (K,)
+    u = torch.rand(K, generator=generator, device=draft.device)                  # (K,)
+    n = (u * q_x < p_x).int().cumprod(0).sum()                                   # () u < p/q without dividing by 0
+    q_after = torch.cat([q_draft, q_draft.new_zeros(1, V)])                      # (K+1, V)
+    row = n.view(1)                                                              # (1,) the row to draw from
+    p_n = p_target.index_select(0, row)                                          # (1, V)
+    residual = (p_n - q_after.index_select(0, row)).clamp(min=0)                 # (1, V)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)    # p == q up to rounding: p itself
+    next_token = torch.multinomial(residual, 1, generator=generator)[0]          # (1,); multinomial normalises
+    tokens = torch.cat([draft, draft.new_zeros(1)]).scatter(0, row, next_token)  # (K+1,)
+    return DeviceAcceptance(n, tokens)
+
+
+class Clock:
+    """Seconds between marks on the device's timeline: CUDA events on a GPU (read after the step's sync, so timing
+    adds none), perf_counter on a CPU, where every op has finished when it returns."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            self.marks.append(torch.cuda.Event(enable_timing=True))
+            self.marks[-1].record()
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """The time between consecutive marks (call after a sync)."""
+        pairs = zip(self.marks, self.marks[1:])
+        return [a.elapsed_time(b) / 1e3 if self.cuda else b - a for a, b in pairs]
+
+
+class StaticDraft:
+    """A draft model drafting on the device in its own static cache: K one-token steps with no host sync between
+    them, after catching up on the committed tokens it has not read (1 after a rejection, 2 after a full accept:
+    the last draft token, never fed, and the bonus; more after plain steps, two at a time)."""
+
+    def __init__(self, model: Transformer, max_len: int, **compiled):
+        a, p = model.args, model.embed_tokens.weight
+        self.model = model
+        self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
+        self.steps = {t: FixedShapeStep(model, self.cache, t, **compiled) for t in (1, 2)}
+
+    def warmup(self) -> None:
+        for step in self.steps.values():
+            step()
+
+    def start(self, prompt: torch.Tensor) -> None:
+        """Prefill with the prompt but its last token, as the target's cache is (eagerly: one shape per prompt)."""
+        self.cache.slots = torch.arange(prompt.numel() - 1, device=self.model.device)
+        if prompt.numel() > 1:
+            static_forward(self.model, self.cache, prompt[None, :-1].to(self.model.device))
+        self.cache.length = prompt.numel() - 1
+
+    def propose(self, tokens: list[int], k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k draft tokens (K,) after the committed `tokens`, and the distributions they were drawn from (K, V)
+        when sampling (None when greedy)."""
+        unseen = tokens[self.cache.length:]
+        while unseen:
+            step = self.steps[min(2, len(unseen))]
+            for i, t in enumerate(unseen[:2]):
+                step.tokens[0, i].fill_(t)
+            step.at(self.cache.length)
+            logits = step()[0, -1]                                               # (V,)
+            self.cache.length += min(2, len(unseen))
+            unseen = unseen[2:]
+        drafted, q_rows, one = [], [], self.steps[1]
+        for i in range(k):
+            if sampling.greedy:
+                x = logits.argmax(-1, keepdim=True)                              # (1,)
+            else:
+                q_rows.append(probs_from_logits(logits, sampling))              # (V,)
+                x = torch.multinomial(q_rows[-1], 1, generator=generator)       # (1,)
+            drafted.append(x)
+            if i < k - 1:                                                        # the last draft token is not fed
+                one.tokens[0].copy_(x)
+                one.at(self.cache.length)
+                logits = one()[0, -1]                                            # (V,)
+                self.cache.length += 1
+        return torch.cat(drafted), (torch.stack(q_rows) if q_rows else None)     # (K,), (K, V)
+
+    def commit(self, n_cached: int) -> None:
+        """The target kept the first n_cached committed tokens: forget the draft tokens after them."""
+        self.cache.truncate(min(self.cache.length, n_cached))
+
+
+class CompiledSpeculativeDecoder(Decoder):
+    """Chain speculative decoding on static caches: eager, compiled, and/or replayed as CUDA graphs.
+
+        dec = CompiledSpeculativeDecoder(target, DraftModelDrafter(draft), max_len=1024, compile=True, cuda_graph=True)
+        gen = dec.generate(prompt_ids, max_new_tokens=256, gamma=4)     # reuses the compiled steps and graphs
+        dec.start(prompt_ids, 64); dec.step()                            # or one step at a time
+
+    drafter: a `DraftModelDrafter` drafts on the device (whole context, k tokens a step: no early stop, no window);
+    a `PacedDrafter` proposes its host drafter's tokens while its draft model runs for its cost; any other chain
+    drafter proposes on the host. gamma: draft tokens a step, 1..8 (or a GammaPolicy, capped at 8).
+    compile: torch.compile every shape (`compile_backend`, default inductor; "eager" only traces, as the CPU tests
+    do); cuda_graph: record every shape once (CUDA only). max_len: the static caches' slots, which must hold
+    prompt + max_new_tokens + 8 (the verify's padding writes up to 8 slots past the last token).
+    """
+
+    def __init__(self, model: Transformer, drafter: Drafter, max_len: int, compile: bool = False,
+                 cuda_graph: bool = False, compile_backend: str = "inductor", compile_options: dict | None = None):
+        if not isinstance(model, Transformer):
+            raise ValueError(f"the compiled loop runs labkit's own Transformer (static cache, fixed shapes), got "
+                             f"{type(model).__name__}: decode other targets with speculative_generate")
+        check_drafter(drafter)
+        if drafter.reads_features or drafter.reads_verdict:
+            raise ValueError(f"the {drafter.name} drafter needs the tree loop: decode with labkit.decoding.tree")
+        if isinstance(drafter, DraftModelDrafter) and (drafter.window is not None or drafter.stop_below is not None
+                                                       or drafter.eos_token_ids):
+            raise ValueError("the compiled draft reads the whole context and drafts k tokens every step: build the "
+                             "drafter as DraftModelDrafter(model) (no window, stop_below or eos_token_ids)")
+        drafter.check_target(model)
+        if cuda_graph and model.device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on "
+                             f"{model.device.type}")
+        if compile_options and not compile:
+            raise ValueError("compile_options only apply to compiled steps: pass compile=True with them")
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or not MAX_GAMMA + 2 <= max_len:
+            raise ValueError(f"max_len must be an integer >= {MAX_GAMMA + 2} (the static caches' slots), got {max_len!r}")
+        # every shape is a recompile of the same small function: let dynamo keep them all (its default keeps 8)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        compiled = dict(compile=compile, cuda_graph=cuda_graph, compile_backend=compile_backend,
+                        compile_options=compile_options)
+        a, p = model.args, model.embed_tokens.weight
+        self.model, self.drafter, self.max_len = model, drafter, max_len
+        self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
+        self.verify_steps = {b: FixedShapeStep(model, self.cache, b + 1, **compiled) for b in BUCKETS}
+        draft_model = (drafter.model if isinstance(drafter, DraftModelDrafter) else
+                       drafter.paced_by.model if isinstance(drafter, PacedDrafter) else None)
+        self.draft = None if draft_model is None else StaticDraft(draft_model, max_len, **compiled)
+        self.host_drafter = (None if isinstance(drafter, DraftModelDrafter) else
+                             drafter.tokens_from if isinstance(drafter, PacedDrafter) else drafter)
+
+    @torch.no_grad()
+    def warmup(self) -> None:
+        """Compile every shape and record its graph now, not inside a timed step (otherwise each is compiled when
+        first used). Call it before `start`: it writes slots 0-8, which a prefill overwrites."""
+        for step in self.verify_steps.values():
+            step()
+        if self.draft is not None:
+            self.draft.warmup()
+
+    @torch.no_grad()
+    def start(self, prompt_ids: torch.Tensor, max_new_tokens: int, gamma: int | GammaPolicy = 4,
+              sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
+              seed: int | None = None) -> "CompiledSpeculativeDecoder":
+        """Begin a sequence: check the request, prefill both caches with the prompt but its last token."""
+        self.begin(self.model, prompt_ids, max_new_tokens, f"compiled-speculative/{self.drafter.name}",
+                   eos_token_ids, seed, sampling)
+        if isinstance(gamma, GammaPolicy):
+            self.policy = gamma
+        elif check_gamma(gamma) > MAX_GAMMA:
+            raise ValueError(f"gamma={gamma}: the compiled verify has shapes for up to {MAX_GAMMA} draft tokens; "
+                             f"pass gamma <= {MAX_GAMMA}")
+        else:
+            self.policy = FixedGamma(gamma)
+        if self.prompt.numel() + max_new_tokens > self.model.max_seq_len:
+            raise ValueError(f"{self.prompt.numel()} prompt + {max_new_tokens} new tokens exceed the model's context "
+                             f"of {self.model.max_seq_len}: ask for fewer new tokens")
+        need = self.prompt.numel() + max_new_tokens + MAX_GAMMA
+        if need > self.max_len:
+            raise ValueError(f"{self.prompt.numel()} prompt + {max_new_tokens} new tokens + {MAX_GAMMA} padding slots "
+                             f"exceed max_len={self.max_len}: build the decoder with max_len >= {need}")
+        device = self.model.device
+        self.device_generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        t0 = time.perf_counter()
+        self.cache.slots = torch.arange(self.prompt.numel() - 1, device=device)
+        if self.prompt.numel() > 1:
+            static_forward(self.model, self.cache, self.prompt[None, :-1].to(device))
+        self.cache.length = self.prompt.numel() - 1            # every committed token but the last
+        if self.draft is not None:
+            self.draft.start(self.prompt)
+        if self.host_drafter is not None:
+            self.host_drafter.start(self.prompt)
+        sync()
+        self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
+        return self
+
+    @torch.no_grad()
+    def step(self) -> Step:
+        """propose -> verify -> accept -> commit, once; the one host sync reads the verdict."""
+        n_before, trace = len(self.tokens), self.trace
+        k = min(self.policy.gamma(), MAX_GAMMA, self.max_new_tokens - trace.n_generated - 1)
+        t0, clock = time.perf_counter(), Clock(self.model.device)
+        # 1. Propose: a chain of K <= k draft tokens, on the device
+        draft, q_draft = self.propose(k)                                             # (K,), (K, V) or None
+        clock.mark()
+        # 2. Verify: one target forward over [last committed token, draft, padding] at the bucket's width
+        logits = self.verify(draft)                                                  # (K+1, V)
+        clock.mark()
+        # 3. Accept, on the device
+        if self.sampling.greedy:
+            acc = greedy_accept_on_device(draft, logits)
+        else:
+            p_target = probs_from_logits(logits, self.sampling)                      # (K+1, V)
+            acc = speculative_accept_on_device(draft, q_draft, p_target, self.device_generator)
+        n, *tokens = torch.cat([acc.n_accepted.view(1), acc.tokens, draft]).tolist()  # the step's one host sync
+        K = draft.shape[0]
+        tokens, proposed = tokens[:K + 1], tokens[K + 1:]
+        draft_time, verify_time = clock.seconds()
+        # 4. Commit: the accepted draft tokens already sit in the slots after the committed ones (a chain is
+        #    contiguous), so rolling back is setting the length; the padding's slots are overwritten later
+        self.cache.truncate(n_before + n)
+        if self.draft is not None:
+            self.draft.commit(n_before + n)
+        if self.host_drafter is not None:
+            self.host_drafter.commit(n_before + n)
+        new_tokens = self._commit(tokens[:n + 1])
+        step = Step(proposed, n, tokens[n], n == K, draft_time, verify_time, asked=k)
+        self.policy.update(step)
+        return self._record(step, new_tokens, t0)
+
+    def propose(self, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to k draft tokens (K,) on the target's device, and their distributions (K, V) when sampling."""
+        device, V = self.model.device, self.model.vocab_size
+        draft, q_draft = torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, V, device=device)
+        proposal = None
+        if k and self.host_drafter is not None:                 # a host drafter proposes on the CPU
+            proposal = self.host_drafter.propose(torch.tensor(self.tokens), k, self.sampling, self.generator)
+            if not proposal.is_chain:
+                raise ValueError(f"the {self.host_drafter.name} drafter proposed a tree: decode it with "
+                                 "labkit.decoding.tree.TreeDecoder (or tree_generate)")
+            k = min(k, proposal.k)
+        if k and self.draft is not None:                        # the draft model's k forwards, queued on the device
+            draft, q_draft = self.draft.propose(self.tokens, k, self.sampling, self.device_generator)
+        if proposal is not None:                                # the host's tokens, copied over (a paced draft's
+            draft = proposal.tokens[:k].to(device)              # own tokens are only its cost)
+            q_draft = None if self.sampling.greedy else proposal.q_or_one_hot(V)[:k].to(device)
+        return draft, q_draft
+
+    def verify(self, draft: torch.Tensor) -> torch.Tensor:
+        """Target logits (K+1, V) after the last committed token and each of the K draft tokens.
+
+        The forward has the bucket's width B+1 >= K+1. The B-K padding tokens (whatever valid ids the buffer held)
+        land in the slots just past the draft; no real token attends to them (the mask shows each token the slots
+        at or before its own), their logits are never read, and the next step writes over those slots.
+        """
+        K, N = draft.shape[0], len(self.tokens)
+        step = self.verify_steps[bucket(K)]
+        step.tokens[0, 0].fill_(self.tokens[-1])       # the last committed token: the cache holds all before it
+        step.tokens[0, 1:K + 1].copy_(draft)
+        step.at(N - 1)                                 # slots N-1, ..., N-1+B
+        self.cache.length = N + K                      # written: N-1 committed + the last one + K drafted
+        return step()[0, :K + 1]                       # (K+1, V)
+
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, gamma: int | GammaPolicy = 4,
+                 sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
+                 seed: int | None = None) -> Generation:
+        """Decode up to max_new_tokens after prompt_ids (T,): `start`, then step to the end."""
+        gen = self.start(prompt_ids, max_new_tokens, gamma, sampling, eos_token_ids, seed).run()
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+        return gen
+
+
+def compiled_speculative_generate(model: Transformer, drafter: Drafter, prompt_ids: torch.Tensor,
+                                  max_new_tokens: int, gamma: int | GammaPolicy = 4,
+                                  sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
+                                  seed: int | None = None, compile: bool = False, cuda_graph: bool = False,
+                                  compile_backend: str = "inductor") -> Generation:
+    """One request through a fresh `CompiledSpeculativeDecoder` sized for it (compiles every shape: to time many
+    requests, build the decoder once and call its `generate`)."""
+    prompt_len = torch.as_tensor(prompt_ids).numel() if not isinstance(prompt_ids, (str, bytes)) else 0
+    max_len = max(MAX_GAMMA + 2, prompt_len + (max_new_tokens if isinstance(max_new_tokens, int) else 0) + MAX_GAMMA)
+    dec = CompiledSpeculativeDecoder(model, drafter, max_len, compile, cuda_graph, compile_backend)
+    return dec.generate(prompt_ids, max_new_tokens, gamma, sampling, eos_token_ids, seed)
