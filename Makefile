@@ -7,6 +7,7 @@
 #   make test-fast  unit tier only: tiny random models, no download
 #   make bench      python -m labkit bench: every method on data/questions/, the embedded pair
 #   make llama-cpp  optional peer: build llama.cpp's llama-bench and llama-speculative-simple (~20 min)
+#   make gpu-check  on a CUDA machine, offline: CUDA tests + compiled speculation timed (< 8 min, data/bench/gpu_spec.*)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -25,10 +26,10 @@ export LAB_PORT LAB_IP LAB_REMOTE
 PYTEST_NOTEBOOKS := tests notebooks --nbval --nbval-current-env --nbval-cell-timeout=900 --durations=25 \
                     --nbval-sanitize-with notebooks/sanitize.cfg
 
-.PHONY: help venv models lab test test-fast bench chromium
+.PHONY: help venv models lab test test-fast bench chromium gpu-check
 
 help:
-	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(VENV_STAMP)
 
@@ -73,6 +74,11 @@ test-fast: venv
 
 bench: venv models
 	$(PY) -m labkit bench --questions data/questions/labkit_bench.jsonl --out data/bench/labkit_bench
+
+# the GPU machine's own python3 (CUDA torch), not .venv; nothing is downloaded. GPU_PY=... to name another
+GPU_PY ?= python3
+gpu-check:
+	PYTHONPATH=. PYTHONUNBUFFERED=1 $(GPU_PY) scripts/gpu_check.py
 
 
 # Multi-token prediction (issue 4): retrain the byte-level models of data/mtp/, then re-measure

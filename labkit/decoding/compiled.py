@@ -80,6 +80,22 @@ class FixedShapeStep:
         return self.logits
 
 
+def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token id per row of probs (..., V) -> (..., 1): argmax(p / E), E ~ Exp(1) drawn per token. Token j wins
+    with probability p_j / sum(p), as from torch.multinomial (gpt-fast's multinomial_sample_one_no_sync)."""
+    race = torch.empty_like(probs).exponential_(1, generator=generator)          # (..., V)
+    return (probs / race).argmax(-1, keepdim=True)
+
+
+def sample_without_sync(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token id per row of probs (..., V) -> (..., 1). On a GPU the exponential race, since torch.multinomial
+    reads a check of its input back to the host (a sync); on a CPU, where nothing waits, torch.multinomial, so that
+    a seed draws what the eager loop draws."""
+    if probs.device.type == "cpu":
+        return torch.multinomial(probs, 1, generator=generator)
+    return exponential_race(probs, generator)
+
+
 class DeviceAcceptance(NamedTuple):
     n_accepted: torch.Tensor   # () leading draft tokens kept, 0..K
     tokens: torch.Tensor       # (K+1,) the draft's first n_accepted tokens, then the correction or bonus token
@@ -111,7 +127,7 @@ def speculative_accept_on_device(draft: torch.Tensor, q_draft: torch.Tensor, p_t
     p_n = p_target.index_select(0, row)                                          # (1, V)
     residual = (p_n - q_after.index_select(0, row)).clamp(min=0)                 # (1, V)
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)    # p == q up to rounding: p itself
-    next_token = torch.multinomial(residual, 1, generator=generator)[0]          # (1,); multinomial normalises
+    next_token = sample_without_sync(residual, generator)[0]                     # (1,); unnormalised is fine
     tokens = torch.cat([draft, draft.new_zeros(1)]).scatter(0, row, next_token)  # (K+1,)
     return DeviceAcceptance(n, tokens)
 
@@ -179,7 +195,7 @@ class StaticDraft:
                 x = logits.argmax(-1, keepdim=True)                              # (1,)
             else:
                 q_rows.append(probs_from_logits(logits, sampling))              # (V,)
-                x = torch.multinomial(q_rows[-1], 1, generator=generator)       # (1,)
+                x = sample_without_sync(q_rows[-1], generator)                  # (1,)
             drafted.append(x)
             if i < k - 1:                                                        # the last draft token is not fed
                 one.tokens[0].copy_(x)
@@ -243,11 +259,12 @@ class CompiledSpeculativeDecoder(Decoder):
                              drafter.tokens_from if isinstance(drafter, PacedDrafter) else drafter)
 
     @torch.no_grad()
-    def warmup(self) -> None:
-        """Compile every shape and record its graph now, not inside a timed step (otherwise each is compiled when
-        first used). Call it before `start`: it writes slots 0-8, which a prefill overwrites."""
-        for step in self.verify_steps.values():
-            step()
+    def warmup(self, gammas=None) -> None:
+        """Compile the verify shapes of these draft lengths (default: every bucket) and the draft's, and record their
+        graphs now, not inside a timed step (otherwise each is compiled when first used). Call it before `start`:
+        it writes slots 0-8, which a prefill overwrites."""
+        for b in BUCKETS if gammas is None else sorted({bucket(min(g, MAX_GAMMA)) for g in gammas}):
+            self.verify_steps[b]()
         if self.draft is not None:
             self.draft.warmup()
 

@@ -1,0 +1,343 @@
+"""Compiled speculation on a GPU, checked and timed in one run of under 8 minutes, from the repository alone.
+
+1. Tests: the CUDA tests of the compiled and static decode paths (pytest; tiny fp32 models), with a time cap.
+2. Timing, bf16, batch 1, random weights of the real shapes (a GPU box cannot download the checkpoints): the
+   Qwen2.5-1.5B shape with the 0.5B draft shape, then the Llama-2-7B shape with the 0.5B draft shape (its
+   vocabulary set to the 7B's) if time is left. Per pair and mode (CUDA graphs of eager kernels; torch.compile +
+   CUDA graphs): compiled greedy decoding (StaticDecoder), compiled speculation with a zero-cost host drafter, and
+   with the draft model paying its real cost; the eager loop (`speculative_generate`) on the same replay.
+3. data/bench/gpu_spec.{json,md,png} (and copies in $OUT when it is set), rewritten after every phase.
+
+Random weights cannot show acceptance, so every speculative number here is REPLAYED ACCEPTANCE
+(labkit/drafters/replay.py): each step proposes the target's own continuation up to the length a real drafter
+got accepted on the real pair on a CPU (data/bench/code_edit: prompt lookup; data/bench/all_drafters: the
+cost-aware draft model), then a wrong token. For that the target's greedy choice must not depend on rounding:
+`sharpen` makes it follow a fixed random successor of the current token by a wide margin (a forward's time does
+not depend on the weights' values). Speedups are over compiled greedy decoding in the same mode; "predicted" is
+Leviathan's formula for the replayed acceptance and the measured draft and verify costs (labkit.bench.report).
+
+    PYTHONPATH=. python3 scripts/gpu_check.py               # on a CUDA machine; make gpu-check
+    PYTHONPATH=. python3 scripts/gpu_check.py --smoke       # tiny shapes on a CPU: the script's code path
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_decode import timed  # noqa: E402  (the NVML-sampled second run)
+
+from labkit import DraftModelDrafter, speculative_generate  # noqa: E402
+from labkit.bench.report import ideal_speedup  # noqa: E402
+from labkit.bench.writer import markdown_table, subplots, write_outputs  # noqa: E402
+from labkit.decoding.compiled import CompiledSpeculativeDecoder, bucket  # noqa: E402
+from labkit.decoding.static import StaticDecoder  # noqa: E402
+from labkit.drafters.replay import PacedDrafter, ReplayDrafter, load_recorded_steps  # noqa: E402
+from labkit.hw import SHAPES, decode_cost, describe, verify_cost  # noqa: E402
+from labkit.models.transformer import ModelArgs, Transformer  # noqa: E402
+
+TESTS = ["tests/test_compiled_speculative.py", "tests/test_static_decode.py"]
+REPLAYS = {"lookup": ("data/bench/code_edit/results.jsonl", "lookup"),               # zero draft cost
+           "draft": ("data/bench/all_drafters/results.jsonl", "draft-cost-aware")}   # the draft model's
+SMOKE_ARGS = ModelArgs(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, qkv_bias=True,
+                       tie_embeddings=True, max_seq_len=512)
+
+
+def build(args: ModelArgs, device: str, dtype: torch.dtype) -> Transformer:
+    """A model of this shape with PyTorch's default random init, built on the device (as labkit.hw.random_model)."""
+    with torch.device(device):
+        return Transformer(args).to(dtype).eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def sharpen(model: Transformer, seed: int = 0, embed_scale: float = 8.0) -> Transformer:
+    """Make greedy decoding of a random model follow t -> succ(t), a fixed random permutation, by a wide margin.
+
+    The embedding, scaled up, dominates the residual stream, and the LM head's row succ(t) is token t's (unscaled)
+    embedding: the logit of succ(t) is ~D, every other one ~sqrt(D) (1536 against ~40 x 5 for the 1.5B shape), so
+    no rounding difference between a 1-token step and a 9-token verify can flip the argmax. Same shapes, same bytes
+    read per step (an untied head streams its own matrix as a tied one does).
+    """
+    embed = model.embed_tokens.weight                                            # (V, D)
+    successor = torch.randperm(model.vocab_size, generator=torch.Generator().manual_seed(seed))
+    head = torch.nn.Linear(embed.shape[1], embed.shape[0], bias=False, device=embed.device, dtype=embed.dtype)
+    head.weight.copy_(embed[successor.argsort().to(embed.device)])               # row succ(t) = embedding of t
+    model.lm_head = head.requires_grad_(False)
+    embed.mul_(embed_scale)
+    return model
+
+
+class Budget:
+    """Seconds left for the whole run; a phase that would not fit is skipped and listed."""
+
+    def __init__(self, seconds: float):
+        self.end, self.skipped = time.monotonic() + seconds, []
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def allows(self, need: float, what: str) -> bool:
+        if self.left() >= need:
+            return True
+        self.skipped.append(f"{what} (needs ~{need:.0f} s, {self.left():.0f} s left)")
+        print(f"[skip] {self.skipped[-1]}")
+        return False
+
+
+def run_tests(seconds: float) -> dict:
+    """The CUDA tests of both decode paths (-k cuda), killed after `seconds`."""
+    if importlib.util.find_spec("pytest") is None:
+        return {"rc": None, "summary": "pytest is not installed here: tests not run", "seconds": 0.0}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-k", "cuda", "-p", "no:cacheprovider", *TESTS]
+    print("[tests]", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=seconds,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        rc, out = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = "timeout", f"{e.stdout or ''}{e.stderr or ''}killed after {seconds:.0f} s"
+        out = out if isinstance(out, str) else out.decode(errors="replace")
+    lines = [line for line in out.strip().splitlines() if line.strip()]
+    print("\n".join(lines[-15:]), flush=True)
+    return {"rc": rc, "summary": lines[-1] if lines else "", "seconds": time.perf_counter() - t0, "tail": lines[-40:]}
+
+
+def decode_rate(gen, first_from_prefill: bool) -> float:
+    """Tokens per second of the decode phase (prefill excluded; its token too, where it makes one)."""
+    n = gen.trace.n_generated - (1 if first_from_prefill else 0)
+    return n / (gen.trace.total_time - gen.trace.prefill_time)
+
+
+def spec_row(label: str, gen, drafter: ReplayDrafter, continuation: list[int], ar: dict, target_args, draft_args,
+             context: int, peak: float | None, **extra) -> dict:
+    """A speculative run's numbers beside the compiled AR baseline of its pair and mode."""
+    steps = gen.trace.steps
+    rate = decode_rate(gen, first_from_prefill=False)
+    as_lists = [[s.gamma, s.n_accepted, int(s.bonus), s.draft_time, s.verify_time] for s in steps]
+    predicted = ideal_speedup(as_lists, [[0, 0, 1, 0.0, ar["step_s"]]])
+    nbytes = sum(verify_cost(target_args, bucket(s.gamma), context).bytes for s in steps)      # the padded widths
+    if draft_args is not None:                      # about one draft forward per draft token (catch-ups included)
+        nbytes += sum(s.gamma for s in steps) * decode_cost(draft_args, context).bytes
+    drafted = [s for s in steps if s.gamma]
+    # the recording, cycled, against what ran, up to the steps whose draft max_new_tokens cut short (the last few)
+    replayed = [(s.gamma, s.n_accepted) for s in steps if s.asked == 8]
+    recorded = (drafter.recorded * (len(steps) // len(drafter.recorded) + 1))[:len(replayed)]
+    row = {"method": label, "tokens_per_s": rate, "speedup": rate / ar["tokens_per_s"], "predicted_speedup": predicted,
+           "measured_over_predicted": rate / ar["tokens_per_s"] / predicted if predicted else None,
+           "tokens_per_step": gen.trace.tokens_per_forward, "acceptance_rate": gen.trace.acceptance_rate,
+           "replay_equals_recorded": replayed == recorded,
+           "recorded_tokens_per_step": sum(n + 1 for _, n in recorded) / max(1, len(recorded)),
+           "replayed_tokens_per_step": sum(n + 1 for _, n in replayed) / max(1, len(replayed)),
+           "tokens_equal_continuation": gen.tokens == continuation[:len(gen.tokens)] and not drafter.diverged,
+           "draft_ms_per_token": 1e3 * sum(s.draft_time for s in drafted) / max(1, sum(s.gamma for s in drafted)),
+           "verify_ms": 1e3 * sum(s.verify_time for s in steps) / len(steps),
+           "achieved_bandwidth": nbytes / (gen.trace.total_time - gen.trace.prefill_time)}
+    row["fraction_of_peak"] = row["achieved_bandwidth"] / peak if peak else None
+    print(f"  {label}: {rate:.0f} tok/s, {row['speedup']:.2f}x over compiled AR (predicted "
+          f"{predicted or float('nan'):.2f}x)\n    (γ, accepted) replayed {replayed[:8]}...\n"
+          f"                       recorded {recorded[:8]}...\n    tokens a step replayed "
+          f"{row['replayed_tokens_per_step']:.3f}, recorded {row['recorded_tokens_per_step']:.3f}, over "
+          f"{len(replayed)} steps: equal {row['replay_equals_recorded']}; tokens = AR's: "
+          f"{row['tokens_equal_continuation']}", flush=True)
+    return {**row, **extra}
+
+
+def bench_pair(name: str, target: Transformer, draft: Transformer, mode: dict, args, result: dict, budget: Budget,
+               peak: float | None, eager: bool) -> None:
+    """Compiled AR, then compiled speculation with both replays, then (once per pair) the eager loop."""
+    device, prompt_len, new = target.device, args.prompt_len, args.new_tokens
+    prompt = torch.randint(0, target.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0))
+    max_len = prompt_len + new + 8
+    rows = []
+    section = {"pair": name, "mode": mode["label"], "prompt_len": prompt_len, "new_tokens": new, "rows": rows}
+    result["runs"].append(section)
+    sample = timed if device.type == "cuda" else (lambda fn, label: (fn(), None))
+    # 1. compiled greedy decoding: the baseline, and the target's continuation that the replays propose
+    t0 = time.perf_counter()
+    ar_dec = StaticDecoder(target, max_len=max_len, **mode["static"])
+    ar_dec.warmup()
+    compile_s = time.perf_counter() - t0
+    gen, util = sample(lambda: ar_dec.generate(prompt, new), "AR")
+    continuation = gen.tokens
+    ar = {"method": "compiled AR (StaticDecoder)", "tokens_per_s": decode_rate(gen, True), "speedup": 1.0,
+          "compile_s": compile_s, "nvml_dram_bw_util_pct": util,
+          "step_s": statistics.median(s.verify_time for s in gen.trace.steps[1:]),
+          "achieved_bandwidth": decode_cost(target.args, max_len).bytes * decode_rate(gen, True)}
+    ar["fraction_of_peak"] = ar["achieved_bandwidth"] / peak if peak else None
+    rows.append(ar)
+    print(f"  compiled AR: {ar['tokens_per_s']:.0f} tok/s, warm-up (compile/capture) {compile_s:.1f} s", flush=True)
+    del ar_dec
+    if mode["static"].get("compile"):           # what one compiled shape of this pair costs: the estimate for the rest
+        result["per_shape_compile_s"] = compile_s
+    # 2. compiled speculation, replaying each recorded acceptance
+    compiled = set()                      # shapes compiled for this pair in this mode (a later decoder may reuse them)
+    for key, draft_model in (("lookup", None), ("draft", draft)):
+        recorded = result["recorded"][key]["steps"]
+        shapes = {("verify", bucket(g)) for g, _ in recorded} | ({("draft", 1), ("draft", 2)} if draft_model else set())
+        if mode["static"].get("compile") and not budget.allows(len(shapes - compiled) * result["per_shape_compile_s"]
+                                                               + 20, f"{name}, {mode['label']}, replay {key}"):
+            continue
+        compiled |= shapes
+        replay = ReplayDrafter(continuation, recorded, target.vocab_size)
+        drafter = replay if draft_model is None else PacedDrafter(replay, DraftModelDrafter(draft_model))
+        t0 = time.perf_counter()
+        dec = CompiledSpeculativeDecoder(target, drafter, max_len, **mode["static"])
+        dec.warmup(g for g, _ in recorded)
+        compile_s = time.perf_counter() - t0
+        gen, util = sample(lambda: dec.generate(prompt, new, gamma=8), key)
+        label = (f"compiled speculation, replayed {result['recorded'][key]['method']} acceptance, "
+                 + ("zero draft cost" if draft_model is None else "the draft model's real cost"))
+        rows.append(spec_row(label, gen, replay, continuation, ar, target.args,
+                             None if draft_model is None else draft_model.args, max_len, peak,
+                             compile_s=compile_s, nvml_dram_bw_util_pct=util))
+        del dec
+    # 3. the eager loop on the same replays (once per pair: it has no compiled mode)
+    for key, draft_model in (("lookup", None), ("draft", draft)) if eager else ():
+        if not budget.allows(40 if draft_model is None else 90, f"{name} eager loop, replay {key}"):
+            continue
+        recorded = result["recorded"][key]["steps"]
+        replay = ReplayDrafter(continuation, recorded, target.vocab_size)
+        drafter = replay if draft_model is None else PacedDrafter(replay, DraftModelDrafter(draft_model))
+        speculative_generate(target, drafter, prompt, 8, gamma=8)                    # warm-up
+        gen = speculative_generate(target, drafter, prompt, new, gamma=8)
+        rows.append(spec_row(f"eager loop (speculative_generate), replayed {result['recorded'][key]['method']} "
+                             "acceptance" + ("" if draft_model is None else ", the draft model's real cost"),
+                             gen, replay, continuation, ar, target.args,
+                             None if draft_model is None else draft_model.args, max_len, peak))
+
+
+def markdown(result: dict) -> str:
+    d = result["device"]
+    lines = [f"# Compiled speculation on {d['name']} ({result['date']}, {result['torch']})", "",
+             "**Replayed acceptance**: random weights of the real shapes, bf16, batch 1; each step proposes the "
+             "target's own continuation up to the length a real drafter got accepted on the real pair (recorded on a "
+             "CPU), then a wrong token (labkit/drafters/replay.py). Speedups are over compiled greedy decoding in the "
+             "same mode; predicted: Leviathan's formula for the replayed acceptance and the measured costs.", "",
+             f"Tests ({' '.join(TESTS)}, -k cuda): {result['tests'].get('summary', 'not run')}", ""]
+    for key, rec in result["recorded"].items():
+        lines.append(f"- replay `{key}`: {rec['method']} from {rec['source']}: {rec['tokens_per_step']:.2f} tokens a "
+                     f"step, acceptance {rec['acceptance_rate']:.2f}, γ capped at 8")
+    rows = [{"pair": s["pair"], "mode": s["mode"], **r} for s in result["runs"] for r in s["rows"]]
+    opt = lambda key, fmt: lambda r: fmt.format(r[key]) if r.get(key) is not None else "n/a"  # noqa: E731
+    lines += [""] + markdown_table(rows, {
+        "pair": "{pair}", "mode": "{mode}", "method": "{method}", "tokens/s": "{tokens_per_s:.0f}",
+        "speedup": "{speedup:.2f}x", "predicted": opt("predicted_speedup", "{:.2f}x"),
+        "measured/predicted": opt("measured_over_predicted", "{:.2f}"), "tokens/step": opt("tokens_per_step", "{:.2f}"),
+        "draft ms/token": opt("draft_ms_per_token", "{:.2f}"), "verify ms": opt("verify_ms", "{:.2f}"),
+        "% of peak HBM": lambda r: f"{100 * r['fraction_of_peak']:.0f}" if r.get("fraction_of_peak") else "n/a",
+        "NVML DRAM util %": opt("nvml_dram_bw_util_pct", "{:.0f}"), "compile s": opt("compile_s", "{:.1f}"),
+        "replay = recorded": lambda r: str(r.get("replay_equals_recorded", "-")),
+        "tokens = AR": lambda r: str(r.get("tokens_equal_continuation", "-"))})
+    lines += ["", f"Peak bandwidth: {d.get('peak_bandwidth_source')}. Skipped: {result['skipped'] or 'nothing'}. "
+              f"Total {result.get('seconds', 0):.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict):
+    runs = result["runs"] or [{"pair": "none", "mode": "", "rows": []}]
+    fig, axes = subplots(1, len(runs), figsize=(4.5 * len(runs), 4), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        vals = [r["tokens_per_s"] for r in run["rows"]]
+        bars = ax.bar(range(len(vals)), vals, color=["C7", "C2", "C1", "C3", "C4"][:len(vals)])
+        for b, r in zip(bars, run["rows"]):
+            ax.annotate(f"{r['speedup']:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
+                        va="bottom", fontsize=8)
+        labels = ["AR" if "AR" in r["method"] else ("eager " if "eager" in r["method"] else "")
+                  + ("lookup" if "lookup" in r["method"] else "draft") for r in run["rows"]]
+        ax.set_xticks(range(len(vals)), labels, fontsize=7)
+        ax.set(ylabel="tokens/s", title=f"{run['pair']}\n{run['mode']}")
+    fig.suptitle(f"replayed acceptance, {result['device']['name']}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def write(result: dict, out: Path) -> None:
+    paths = write_outputs(out / "gpu_spec", result, markdown, plot)
+    if args_out := os.environ.get("OUT"):
+        for p in paths:
+            shutil.copy(p, Path(args_out) / p.name)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budget", type=float, default=450, help="seconds for everything (tests included)")
+    ap.add_argument("--test-seconds", type=float, default=170)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=160)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on this machine's device, no tests or graphs")
+    ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "data" / "bench"))
+    args = ap.parse_args(argv)
+    t_start, budget, out = time.perf_counter(), Budget(args.budget), Path(args.out)
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("gpu_check.py measures a CUDA GPU; on a CPU run it with --smoke (tiny shapes)")
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    print(f"[env] torch {torch.__version__}, device {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}",
+          flush=True)
+    profile = describe(device, quick=args.smoke)
+    peak = profile.facts.get("peak bandwidth")
+    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": f"torch {torch.__version__}",
+              "device": {"name": profile.name, "peak_bandwidth": getattr(peak, "value", None),
+                         "peak_bandwidth_source": getattr(peak, "source", str(peak)),
+                         "copy_bandwidth": profile.bandwidth.value},
+              "label": "replayed acceptance", "tests": {}, "recorded": {}, "runs": [], "skipped": budget.skipped,
+              "per_shape_compile_s": 40.0}          # a first guess, replaced by the first compile measured
+    for key, (source, method) in REPLAYS.items():
+        steps = load_recorded_steps(ROOT / source, method, max_gamma=8)
+        accepted, proposed = sum(n for _, n in steps), sum(g for g, _ in steps)
+        result["recorded"][key] = {"source": source, "method": method, "steps": steps,
+                                   "tokens_per_step": (accepted + len(steps)) / len(steps),
+                                   "acceptance_rate": accepted / max(1, proposed)}
+    # 1. tests
+    if not (args.smoke or args.skip_tests):
+        result["tests"] = run_tests(min(args.test_seconds, budget.left() - 60))
+        write(result, out)
+    # 2. timing: pairs x modes, the cheapest first, each only if it fits what is left
+    peak_bw = result["device"]["peak_bandwidth"] if device == "cuda" else None
+    if args.smoke:
+        dtype, pairs = torch.float32, [("smoke", SMOKE_ARGS, replace(SMOKE_ARGS, n_layers=1))]
+        modes = [{"label": "static, traced (smoke)", "static": dict(compile=True, compile_backend="eager")}]
+    else:
+        dtype = torch.bfloat16
+        pairs = [("qwen2.5-1.5b + 0.5b draft", SHAPES["qwen2.5-1.5b"], SHAPES["qwen2.5-0.5b"]),
+                 ("llama-2-7b + 0.5b draft (vocab 32000)", SHAPES["llama-2-7b"],
+                  replace(SHAPES["qwen2.5-0.5b"], vocab_size=32000, max_seq_len=4096))]
+        modes = [{"label": "CUDA graphs", "static": dict(compile=False, cuda_graph=True)},
+                 {"label": "torch.compile + CUDA graphs", "static": dict(compile=True, cuda_graph=True)}]
+    for i, (name, target_args, draft_args) in enumerate(pairs):
+        for j, mode in enumerate(modes):
+            # graphs alone capture in seconds; a compiled mode compiles its AR step, then each replay's shapes
+            need = 60 if not mode["static"].get("compile") or args.smoke else 2 * result["per_shape_compile_s"] + 30
+            if not budget.allows(need, f"{name}, {mode['label']}"):
+                continue
+            print(f"[bench] {name}, {mode['label']} ({budget.left():.0f} s left)", flush=True)
+            target = sharpen(build(target_args, device, dtype))
+            draft = build(draft_args, device, dtype)
+            bench_pair(name, target, draft, mode, args, result, budget, peak_bw, eager=j == 0 and i == 0)
+            del target, draft
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            result["seconds"] = time.perf_counter() - t_start
+            write(result, out)
+    result["seconds"] = time.perf_counter() - t_start
+    write(result, out)
+    print(markdown(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

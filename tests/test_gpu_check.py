@@ -1,0 +1,24 @@
+"""scripts/gpu_check.py's code path on a CPU (--smoke: tiny shapes, traced steps, no graphs, no tests), so the
+script a GPU machine runs once, offline, has run before it gets there."""
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_smoke_run_writes_every_output_and_replays_the_recorded_acceptance(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path / "device_out"))
+    (tmp_path / "device_out").mkdir()
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    result = gpu_check.main(["--smoke", "--out", str(tmp_path), "--prompt-len", "12", "--new-tokens", "32"])
+    rows = result["runs"][0]["rows"]
+    assert [r["method"].split(",")[0] for r in rows] == ["compiled AR (StaticDecoder)"] + ["compiled speculation"] * 2 \
+        + ["eager loop (speculative_generate)"] * 2
+    assert all(r["replay_equals_recorded"] and r["tokens_equal_continuation"] for r in rows[1:])
+    for name in ("gpu_spec.json", "gpu_spec.md", "gpu_spec.png"):
+        assert (tmp_path / name).is_file() and (tmp_path / "device_out" / name).is_file()
+    assert json.loads((tmp_path / "gpu_spec.json").read_text())["label"] == "replayed acceptance"
+    assert "Replayed acceptance" in (tmp_path / "gpu_spec.md").read_text()
