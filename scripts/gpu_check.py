@@ -109,8 +109,8 @@ def run_tests(seconds: float) -> dict:
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
         rc, out = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as e:
-        rc, out = "timeout", f"{e.stdout or ''}{e.stderr or ''}killed after {seconds:.0f} s"
-        out = out if isinstance(out, str) else out.decode(errors="replace")
+        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+        rc, out = "timeout", f"{text(e.stdout)}{text(e.stderr)}\nkilled after {seconds:.0f} s"
     lines = [line for line in out.strip().splitlines() if line.strip()]
     print("\n".join(lines[-15:]), flush=True)
     return {"rc": rc, "summary": lines[-1] if lines else "", "seconds": time.perf_counter() - t0, "tail": lines[-40:]}
@@ -156,74 +156,85 @@ def spec_row(label: str, gen, drafter: ReplayDrafter, continuation: list[int], a
     return {**row, **extra}
 
 
-def bench_pair(name: str, target: Transformer, draft: Transformer, mode: dict, args, result: dict, budget: Budget,
-               peak: float | None, eager: bool) -> None:
-    """Compiled AR, then compiled speculation with both replays, then (once per pair) the eager loop."""
-    device, prompt_len, new = target.device, args.prompt_len, args.new_tokens
-    prompt = torch.randint(0, target.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0))
-    max_len = prompt_len + new + 8
+def replay_drafter(key: str, result: dict, continuation: list[int], target: Transformer, draft: Transformer | None):
+    """The replay of `key`'s recording: alone (zero draft cost), or paced by the draft model (its real cost)."""
+    replay = ReplayDrafter(continuation, result["recorded"][key]["steps"], target.vocab_size)
+    return replay, replay if draft is None else PacedDrafter(replay, DraftModelDrafter(draft))
+
+
+def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, prompt: torch.Tensor, new: int,
+               result: dict, budget: Budget, peak: float | None) -> tuple[dict, list[int]]:
+    """Compiled AR, then compiled speculation with each replay, in one mode; (the AR row, the AR's tokens)."""
+    max_len, compiling = prompt.numel() + new + 8, mode["static"].get("compile", False)
     rows = []
-    section = {"pair": name, "mode": mode["label"], "prompt_len": prompt_len, "new_tokens": new, "rows": rows}
-    result["runs"].append(section)
-    sample = timed if device.type == "cuda" else (lambda fn, label: (fn(), None))
+    result["runs"].append({"pair": name, "mode": mode["label"], "prompt_len": prompt.numel(), "new_tokens": new,
+                           "rows": rows})
+    sample = timed if target.device.type == "cuda" else (lambda fn, label: (fn(), None))
     # 1. compiled greedy decoding: the baseline, and the target's continuation that the replays propose
     t0 = time.perf_counter()
     ar_dec = StaticDecoder(target, max_len=max_len, **mode["static"])
     ar_dec.warmup()
     compile_s = time.perf_counter() - t0
     gen, util = sample(lambda: ar_dec.generate(prompt, new), "AR")
-    continuation = gen.tokens
-    ar = {"method": "compiled AR (StaticDecoder)", "tokens_per_s": decode_rate(gen, True), "speedup": 1.0,
+    continuation, rate = gen.tokens, decode_rate(gen, True)
+    ar = {"method": f"compiled AR (StaticDecoder, {mode['label']})", "tokens_per_s": rate, "speedup": 1.0,
           "compile_s": compile_s, "nvml_dram_bw_util_pct": util,
           "step_s": statistics.median(s.verify_time for s in gen.trace.steps[1:]),
-          "achieved_bandwidth": decode_cost(target.args, max_len).bytes * decode_rate(gen, True)}
+          "achieved_bandwidth": decode_cost(target.args, max_len).bytes * rate}
     ar["fraction_of_peak"] = ar["achieved_bandwidth"] / peak if peak else None
     rows.append(ar)
-    print(f"  compiled AR: {ar['tokens_per_s']:.0f} tok/s, warm-up (compile/capture) {compile_s:.1f} s", flush=True)
+    print(f"  compiled AR: {rate:.0f} tok/s, warm-up (compile/capture) {compile_s:.1f} s", flush=True)
     del ar_dec
-    if mode["static"].get("compile"):           # what one compiled shape of this pair costs: the estimate for the rest
+    if compiling:                          # what one compiled shape of this pair costs: the estimate for the rest
         result["per_shape_compile_s"] = compile_s
     # 2. compiled speculation, replaying each recorded acceptance
     compiled = set()                      # shapes compiled for this pair in this mode (a later decoder may reuse them)
     for key, draft_model in (("lookup", None), ("draft", draft)):
         recorded = result["recorded"][key]["steps"]
         shapes = {("verify", bucket(g)) for g, _ in recorded} | ({("draft", 1), ("draft", 2)} if draft_model else set())
-        if mode["static"].get("compile") and not budget.allows(len(shapes - compiled) * result["per_shape_compile_s"]
-                                                               + 20, f"{name}, {mode['label']}, replay {key}"):
+        need = len(shapes - compiled) * result["per_shape_compile_s"] + 20 if compiling else 20
+        if not budget.allows(need, f"{name}, {mode['label']}, replay {key}"):
             continue
         compiled |= shapes
-        replay = ReplayDrafter(continuation, recorded, target.vocab_size)
-        drafter = replay if draft_model is None else PacedDrafter(replay, DraftModelDrafter(draft_model))
+        replay, drafter = replay_drafter(key, result, continuation, target, draft_model)
         t0 = time.perf_counter()
         dec = CompiledSpeculativeDecoder(target, drafter, max_len, **mode["static"])
         dec.warmup(g for g, _ in recorded)
         compile_s = time.perf_counter() - t0
         gen, util = sample(lambda: dec.generate(prompt, new, gamma=8), key)
-        label = (f"compiled speculation, replayed {result['recorded'][key]['method']} acceptance, "
+        label = (f"compiled speculation ({mode['label']}), replayed {result['recorded'][key]['method']} acceptance, "
                  + ("zero draft cost" if draft_model is None else "the draft model's real cost"))
         rows.append(spec_row(label, gen, replay, continuation, ar, target.args,
                              None if draft_model is None else draft_model.args, max_len, peak,
-                             compile_s=compile_s, nvml_dram_bw_util_pct=util))
+                             replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util))
         del dec
-    # 3. the eager loop on the same replays (once per pair: it has no compiled mode)
-    for key, draft_model in (("lookup", None), ("draft", draft)) if eager else ():
-        if not budget.allows(40 if draft_model is None else 90, f"{name} eager loop, replay {key}"):
+    return ar, continuation
+
+
+def bench_eager(name: str, target: Transformer, draft: Transformer, prompt: torch.Tensor, new: int,
+                continuation: list[int], ar: dict, result: dict, budget: Budget, peak: float | None) -> None:
+    """labkit's eager loop (`speculative_generate`) on the same replays, against the fastest compiled AR."""
+    rows = []
+    result["runs"].append({"pair": name, "mode": "eager loop", "prompt_len": prompt.numel(), "new_tokens": new,
+                           "rows": rows})
+    for key, draft_model in (("lookup", None), ("draft", draft)):
+        if not budget.allows(40 if draft_model is None else 90, f"{name}, eager loop, replay {key}"):
             continue
-        recorded = result["recorded"][key]["steps"]
-        replay = ReplayDrafter(continuation, recorded, target.vocab_size)
-        drafter = replay if draft_model is None else PacedDrafter(replay, DraftModelDrafter(draft_model))
+        replay, drafter = replay_drafter(key, result, continuation, target, draft_model)
         speculative_generate(target, drafter, prompt, 8, gamma=8)                    # warm-up
         gen = speculative_generate(target, drafter, prompt, new, gamma=8)
         rows.append(spec_row(f"eager loop (speculative_generate), replayed {result['recorded'][key]['method']} "
-                             "acceptance" + ("" if draft_model is None else ", the draft model's real cost"),
-                             gen, replay, continuation, ar, target.args,
-                             None if draft_model is None else draft_model.args, max_len, peak))
+                             "acceptance, " + ("zero draft cost" if draft_model is None else "the draft model's real cost")
+                             + f"; speedup over {ar['method']}", gen, replay, continuation, ar, target.args,
+                             None if draft_model is None else draft_model.args, prompt.numel() + new + 8, peak,
+                             replay=key))
 
 
 def markdown(result: dict) -> str:
     d = result["device"]
     lines = [f"# Compiled speculation on {d['name']} ({result['date']}, {result['torch']})", "",
-             "**Replayed acceptance**: random weights of the real shapes, bf16, batch 1; each step proposes the "
+             f"**Replayed acceptance**: random weights of the real shapes, {result['dtype']}, batch 1; each step "
+             "proposes the "
              "target's own continuation up to the length a real drafter got accepted on the real pair (recorded on a "
              "CPU), then a wrong token (labkit/drafters/replay.py). Speedups are over compiled greedy decoding in the "
              "same mode; predicted: Leviathan's formula for the replayed acceptance and the measured costs.", "",
@@ -252,14 +263,14 @@ def plot(result: dict):
     fig, axes = subplots(1, len(runs), figsize=(4.5 * len(runs), 4), squeeze=False)
     for ax, run in zip(axes[0], runs):
         vals = [r["tokens_per_s"] for r in run["rows"]]
-        bars = ax.bar(range(len(vals)), vals, color=["C7", "C2", "C1", "C3", "C4"][:len(vals)])
+        colors = {"AR": "C7", "lookup": "C2", "draft": "C1"}
+        bars = ax.bar(range(len(vals)), vals, color=[colors[r.get("replay", "AR")] for r in run["rows"]])
         for b, r in zip(bars, run["rows"]):
             ax.annotate(f"{r['speedup']:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
                         va="bottom", fontsize=8)
-        labels = ["AR" if "AR" in r["method"] else ("eager " if "eager" in r["method"] else "")
-                  + ("lookup" if "lookup" in r["method"] else "draft") for r in run["rows"]]
+        labels = [r.get("replay", "AR") for r in run["rows"]]
         ax.set_xticks(range(len(vals)), labels, fontsize=7)
-        ax.set(ylabel="tokens/s", title=f"{run['pair']}\n{run['mode']}")
+        ax.set(ylabel="tokens/s", title=f"{run['pair']}\n{run['mode']}", xlabel="replayed drafter (speedup over AR)")
     fig.suptitle(f"replayed acceptance, {result['device']['name']}", fontsize=9)
     fig.tight_layout()
     return fig
@@ -274,8 +285,8 @@ def write(result: dict, out: Path) -> None:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget", type=float, default=450, help="seconds for everything (tests included)")
-    ap.add_argument("--test-seconds", type=float, default=170)
+    ap.add_argument("--budget", type=float, default=455, help="seconds for everything (tests included)")
+    ap.add_argument("--test-seconds", type=float, default=160)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=160)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on this machine's device, no tests or graphs")
@@ -294,6 +305,7 @@ def main(argv=None) -> dict:
               "device": {"name": profile.name, "peak_bandwidth": getattr(peak, "value", None),
                          "peak_bandwidth_source": getattr(peak, "source", str(peak)),
                          "copy_bandwidth": profile.bandwidth.value},
+              "dtype": "float32 (smoke: tiny shapes)" if args.smoke else "bf16",
               "label": "replayed acceptance", "tests": {}, "recorded": {}, "runs": [], "skipped": budget.skipped,
               "per_shape_compile_s": 40.0}          # a first guess, replaced by the first compile measured
     for key, (source, method) in REPLAYS.items():
@@ -319,20 +331,32 @@ def main(argv=None) -> dict:
         modes = [{"label": "CUDA graphs", "static": dict(compile=False, cuda_graph=True)},
                  {"label": "torch.compile + CUDA graphs", "static": dict(compile=True, cuda_graph=True)}]
     for i, (name, target_args, draft_args) in enumerate(pairs):
-        for j, mode in enumerate(modes):
+        if not budget.allows(60, f"{name}: every mode"):
+            continue
+        target = sharpen(build(target_args, device, dtype))        # one pair of models for every mode: one continuation
+        draft = build(draft_args, device, dtype)
+        prompt = torch.randint(0, target.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0))
+        fastest_ar = None
+        for mode in modes:
             # graphs alone capture in seconds; a compiled mode compiles its AR step, then each replay's shapes
-            need = 60 if not mode["static"].get("compile") or args.smoke else 2 * result["per_shape_compile_s"] + 30
+            need = 2 * result["per_shape_compile_s"] + 30 if mode["static"].get("compile") and not args.smoke else 30
             if not budget.allows(need, f"{name}, {mode['label']}"):
                 continue
             print(f"[bench] {name}, {mode['label']} ({budget.left():.0f} s left)", flush=True)
-            target = sharpen(build(target_args, device, dtype))
-            draft = build(draft_args, device, dtype)
-            bench_pair(name, target, draft, mode, args, result, budget, peak_bw, eager=j == 0 and i == 0)
-            del target, draft
-            if device == "cuda":
-                torch.cuda.empty_cache()
+            ar, continuation = bench_mode(name, target, draft, mode, prompt, args.new_tokens, result, budget, peak_bw)
+            if fastest_ar is None or ar["tokens_per_s"] > fastest_ar["tokens_per_s"]:
+                fastest_ar = ar
             result["seconds"] = time.perf_counter() - t_start
             write(result, out)
+        if i == 0 and fastest_ar is not None:                   # the eager loop: once, on the first pair
+            print(f"[bench] {name}, eager loop ({budget.left():.0f} s left)", flush=True)
+            bench_eager(name, target, draft, prompt, args.new_tokens, continuation, fastest_ar, result, budget, peak_bw)
+        del target, draft
+        torch._dynamo.reset()                                   # the compiled code and graphs of this pair's models
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        result["seconds"] = time.perf_counter() - t_start
+        write(result, out)
     result["seconds"] = time.perf_counter() - t_start
     write(result, out)
     print(markdown(result), flush=True)

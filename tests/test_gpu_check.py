@@ -14,9 +14,11 @@ def test_smoke_run_writes_every_output_and_replays_the_recorded_acceptance(tmp_p
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
     result = gpu_check.main(["--smoke", "--out", str(tmp_path), "--prompt-len", "12", "--new-tokens", "32"])
-    rows = result["runs"][0]["rows"]
-    assert [r["method"].split(",")[0] for r in rows] == ["compiled AR (StaticDecoder)"] + ["compiled speculation"] * 2 \
-        + ["eager loop (speculative_generate)"] * 2
+    assert [run["mode"] for run in result["runs"]] == ["static, traced (smoke)", "eager loop"]
+    rows = result["runs"][0]["rows"] + result["runs"][1]["rows"]
+    assert [r["method"].split(" (")[0] for r in rows] == ["compiled AR"] + ["compiled speculation"] * 2 \
+        + ["eager loop"] * 2
+    assert [r.get("replay") for r in rows] == [None, "lookup", "draft", "lookup", "draft"]
     assert all(r["replay_equals_recorded"] and r["tokens_equal_continuation"] for r in rows[1:])
     for name in ("gpu_spec.json", "gpu_spec.md", "gpu_spec.png"):
         assert (tmp_path / name).is_file() and (tmp_path / "device_out" / name).is_file()
