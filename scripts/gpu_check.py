@@ -29,7 +29,9 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+import traceback
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -95,6 +97,17 @@ class Budget:
         self.skipped.append(f"{what} (needs ~{need:.0f} s, {self.left():.0f} s left)")
         print(f"[skip] {self.skipped[-1]}")
         return False
+
+
+@contextmanager
+def phase(result: dict, what: str):
+    """Run a phase; an error in it is printed and recorded, and the run goes on to the next phase."""
+    try:
+        yield
+    except Exception as e:            # a compile or capture failure must not lose the other phases' numbers
+        traceback.print_exc()
+        result["errors"].append(f"{what}: {type(e).__name__}: {e}"[:2000])
+        print(f"[error] {result['errors'][-1]}", flush=True)
 
 
 def run_tests(seconds: float) -> dict:
@@ -196,18 +209,19 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
         if not budget.allows(need, f"{name}, {mode['label']}, replay {key}"):
             continue
         compiled |= shapes
-        replay, drafter = replay_drafter(key, result, continuation, target, draft_model)
-        t0 = time.perf_counter()
-        dec = CompiledSpeculativeDecoder(target, drafter, max_len, **mode["static"])
-        dec.warmup(g for g, _ in recorded)
-        compile_s = time.perf_counter() - t0
-        gen, util = sample(lambda: dec.generate(prompt, new, gamma=8), key)
-        label = (f"compiled speculation ({mode['label']}), replayed {result['recorded'][key]['method']} acceptance, "
-                 + ("zero draft cost" if draft_model is None else "the draft model's real cost"))
-        rows.append(spec_row(label, gen, replay, continuation, ar, target.args,
-                             None if draft_model is None else draft_model.args, max_len, peak,
-                             replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util))
-        del dec
+        with phase(result, f"{name}, {mode['label']}, replay {key}"):
+            replay, drafter = replay_drafter(key, result, continuation, target, draft_model)
+            t0 = time.perf_counter()
+            dec = CompiledSpeculativeDecoder(target, drafter, max_len, **mode["static"])
+            dec.warmup(g for g, _ in recorded)
+            compile_s = time.perf_counter() - t0
+            gen, util = sample(lambda: dec.generate(prompt, new, gamma=8), key)
+            label = (f"compiled speculation ({mode['label']}), replayed {result['recorded'][key]['method']} "
+                     "acceptance, " + ("zero draft cost" if draft_model is None else "the draft model's real cost"))
+            rows.append(spec_row(label, gen, replay, continuation, ar, target.args,
+                                 None if draft_model is None else draft_model.args, max_len, peak,
+                                 replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util))
+            del dec
     return ar, continuation
 
 
@@ -220,14 +234,16 @@ def bench_eager(name: str, target: Transformer, draft: Transformer, prompt: torc
     for key, draft_model in (("lookup", None), ("draft", draft)):
         if not budget.allows(40 if draft_model is None else 90, f"{name}, eager loop, replay {key}"):
             continue
-        replay, drafter = replay_drafter(key, result, continuation, target, draft_model)
-        speculative_generate(target, drafter, prompt, 8, gamma=8)                    # warm-up
-        gen = speculative_generate(target, drafter, prompt, new, gamma=8)
-        rows.append(spec_row(f"eager loop (speculative_generate), replayed {result['recorded'][key]['method']} "
-                             "acceptance, " + ("zero draft cost" if draft_model is None else "the draft model's real cost")
-                             + f"; speedup over {ar['method']}", gen, replay, continuation, ar, target.args,
-                             None if draft_model is None else draft_model.args, prompt.numel() + new + 8, peak,
-                             replay=key))
+        with phase(result, f"{name}, eager loop, replay {key}"):
+            replay, drafter = replay_drafter(key, result, continuation, target, draft_model)
+            speculative_generate(target, drafter, prompt, 8, gamma=8)                    # warm-up
+            gen = speculative_generate(target, drafter, prompt, new, gamma=8)
+            rows.append(spec_row(f"eager loop (speculative_generate), replayed {result['recorded'][key]['method']} "
+                                 "acceptance, " + ("zero draft cost" if draft_model is None else
+                                                   "the draft model's real cost") + f"; speedup over {ar['method']}",
+                                 gen, replay, continuation, ar, target.args,
+                                 None if draft_model is None else draft_model.args, prompt.numel() + new + 8, peak,
+                                 replay=key))
 
 
 def markdown(result: dict) -> str:
@@ -254,7 +270,7 @@ def markdown(result: dict) -> str:
         "replay = recorded": lambda r: str(r.get("replay_equals_recorded", "-")),
         "tokens = AR": lambda r: str(r.get("tokens_equal_continuation", "-"))})
     lines += ["", f"Peak bandwidth: {d.get('peak_bandwidth_source')}. Skipped: {result['skipped'] or 'nothing'}. "
-              f"Total {result.get('seconds', 0):.0f} s."]
+              f"Errors: {result['errors'] or 'none'}. Total {result.get('seconds', 0):.0f} s."]
     return "\n".join(lines) + "\n"
 
 
@@ -307,6 +323,7 @@ def main(argv=None) -> dict:
                          "copy_bandwidth": profile.bandwidth.value},
               "dtype": "float32 (smoke: tiny shapes)" if args.smoke else "bf16",
               "label": "replayed acceptance", "tests": {}, "recorded": {}, "runs": [], "skipped": budget.skipped,
+              "errors": [],
               "per_shape_compile_s": 40.0}          # a first guess, replaced by the first compile measured
     for key, (source, method) in REPLAYS.items():
         steps = load_recorded_steps(ROOT / source, method, max_gamma=8)
@@ -343,14 +360,18 @@ def main(argv=None) -> dict:
             if not budget.allows(need, f"{name}, {mode['label']}"):
                 continue
             print(f"[bench] {name}, {mode['label']} ({budget.left():.0f} s left)", flush=True)
-            ar, continuation = bench_mode(name, target, draft, mode, prompt, args.new_tokens, result, budget, peak_bw)
-            if fastest_ar is None or ar["tokens_per_s"] > fastest_ar["tokens_per_s"]:
-                fastest_ar = ar
+            with phase(result, f"{name}, {mode['label']}"):
+                ar, continuation = bench_mode(name, target, draft, mode, prompt, args.new_tokens, result, budget,
+                                              peak_bw)
+                if fastest_ar is None or ar["tokens_per_s"] > fastest_ar["tokens_per_s"]:
+                    fastest_ar = ar
             result["seconds"] = time.perf_counter() - t_start
             write(result, out)
         if i == 0 and fastest_ar is not None:                   # the eager loop: once, on the first pair
             print(f"[bench] {name}, eager loop ({budget.left():.0f} s left)", flush=True)
-            bench_eager(name, target, draft, prompt, args.new_tokens, continuation, fastest_ar, result, budget, peak_bw)
+            with phase(result, f"{name}, eager loop"):
+                bench_eager(name, target, draft, prompt, args.new_tokens, continuation, fastest_ar, result, budget,
+                            peak_bw)
         del target, draft
         torch._dynamo.reset()                                   # the compiled code and graphs of this pair's models
         if device == "cuda":

@@ -36,7 +36,7 @@ from labkit.decoding.compiled import (
 from labkit.drafters.replay import PacedDrafter, ReplayDrafter, load_recorded_steps
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and inductor's GPU code need a CUDA device")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and inductor's GPU code need a GPU")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -70,7 +70,7 @@ class FixedShapeStep:
         torch.add(self.ramp, first_slot, out=self.slots)
 
     def __call__(self) -> torch.Tensor:
-        """Logits (1, T, V) of `tokens`, whose keys and values land at `slots`; a graph's output is refilled in place."""
+        """Logits (1, T, V) of `tokens`, their keys and values written at `slots`; a graph refills its output."""
         self.cache.slots = self.slots          # the slot tensor this shape's compiled code and graph read
         if not self.cuda_graph:
             return self.forward()
@@ -243,7 +243,8 @@ class CompiledSpeculativeDecoder(Decoder):
         if compile_options and not compile:
             raise ValueError("compile_options only apply to compiled steps: pass compile=True with them")
         if isinstance(max_len, bool) or not isinstance(max_len, int) or not MAX_GAMMA + 2 <= max_len:
-            raise ValueError(f"max_len must be an integer >= {MAX_GAMMA + 2} (the static caches' slots), got {max_len!r}")
+            raise ValueError(f"max_len must be an integer >= {MAX_GAMMA + 2} (the static caches' slots), "
+                             f"got {max_len!r}")
         # every shape is a recompile of the same small function: let dynamo keep them all (its default keeps 8)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         compiled = dict(compile=compile, cuda_graph=cuda_graph, compile_backend=compile_backend,
