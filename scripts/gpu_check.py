@@ -307,6 +307,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=160)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on this machine's device, no tests or graphs")
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--pairs", default="1.5b,7b", help="which target shapes, in order: 1.5b (Qwen2.5), 7b (Llama-2)")
+    ap.add_argument("--modes", default="graphs,compile", help="graphs (eager kernels), compile (inductor), in order")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench"))
     args = ap.parse_args(argv)
     t_start, budget, out = time.perf_counter(), Budget(args.budget), Path(args.out)
@@ -342,11 +344,16 @@ def main(argv=None) -> dict:
         modes = [{"label": "static, traced (smoke)", "static": dict(compile=True, compile_backend="eager")}]
     else:
         dtype = torch.bfloat16
-        pairs = [("qwen2.5-1.5b + 0.5b draft", SHAPES["qwen2.5-1.5b"], SHAPES["qwen2.5-0.5b"]),
-                 ("llama-2-7b + 0.5b draft (vocab 32000)", SHAPES["llama-2-7b"],
-                  replace(SHAPES["qwen2.5-0.5b"], vocab_size=32000, max_seq_len=4096))]
-        modes = [{"label": "CUDA graphs", "static": dict(compile=False, cuda_graph=True)},
-                 {"label": "torch.compile + CUDA graphs", "static": dict(compile=True, cuda_graph=True)}]
+        all_pairs = {"1.5b": ("qwen2.5-1.5b + 0.5b draft", SHAPES["qwen2.5-1.5b"], SHAPES["qwen2.5-0.5b"]),
+                     "7b": ("llama-2-7b + 0.5b draft (vocab 32000)", SHAPES["llama-2-7b"],
+                            replace(SHAPES["qwen2.5-0.5b"], vocab_size=32000, max_seq_len=4096))}
+        all_modes = {"graphs": {"label": "CUDA graphs", "static": dict(compile=False, cuda_graph=True)},
+                     "compile": {"label": "torch.compile + CUDA graphs", "static": dict(compile=True, cuda_graph=True)}}
+        unknown = set(args.pairs.split(",")) - set(all_pairs) | set(args.modes.split(",")) - set(all_modes)
+        if unknown:
+            raise SystemExit(f"unknown --pairs/--modes {sorted(unknown)}: pairs {list(all_pairs)}, modes {list(all_modes)}")
+        pairs = [all_pairs[p] for p in args.pairs.split(",")]
+        modes = [all_modes[m] for m in args.modes.split(",")]
     for i, (name, target_args, draft_args) in enumerate(pairs):
         if not budget.allows(60, f"{name}: every mode"):
             continue

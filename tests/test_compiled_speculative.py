@@ -137,14 +137,14 @@ def test_device_acceptance_rules_agree_with_the_host_rules():
     assert {int(a.tokens[0]) for a in picks} == {0, 1}                                 # drawn from the residual
 
 
-def test_the_exponential_race_draws_from_the_distribution():
-    """The GPU's draw (no host sync), checked on the CPU: token j wins with probability p_j / sum(p)."""
-    g = torch.Generator().manual_seed(0)
-    weights = torch.tensor([0.5, 0.0, 1.5, 2.0, 1.0])                    # unnormalised, one impossible token
-    wins = compiled.exponential_race(weights.expand(20000, 5), g)[:, 0]  # (20000,)
-    counts = np.bincount(wins.numpy(), minlength=5)
+def test_sampling_without_a_sync_draws_what_multinomial_draws():
+    """Token j wins with probability p_j / sum(p), and a seed gives torch.multinomial's draws (the eager loop's)."""
+    weights = torch.tensor([0.5, 0.0, 1.5, 2.0, 1.0]).expand(20000, 5)                # unnormalised, one impossible
+    wins = compiled.sample_without_sync(weights, torch.Generator().manual_seed(0))    # (20000, 1)
+    assert torch.equal(wins, torch.multinomial(weights, 1, generator=torch.Generator().manual_seed(0)))
+    counts = np.bincount(wins[:, 0].numpy(), minlength=5)
     assert counts[1] == 0
-    assert chisquare(counts[[0, 2, 3, 4]], (weights[[0, 2, 3, 4]] / weights.sum()).numpy() * 20000).pvalue > 1e-3
+    assert chisquare(counts[[0, 2, 3, 4]], (weights[0, [0, 2, 3, 4]] / weights[0].sum()).numpy() * 20000).pvalue > 1e-3
 
 
 def compiled_counts(target, drafter, cfg: SamplingConfig, gamma: int) -> np.ndarray:

@@ -80,20 +80,13 @@ class FixedShapeStep:
         return self.logits
 
 
-def exponential_race(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token id per row of probs (..., V) -> (..., 1): argmax(p / E), E ~ Exp(1) drawn per token. Token j wins
-    with probability p_j / sum(p), as from torch.multinomial (gpt-fast's multinomial_sample_one_no_sync)."""
+def sample_without_sync(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token id per row of probs (..., V), unnormalised is fine -> (..., 1): the exponential race argmax(p / E),
+    E ~ Exp(1) per token, which token j wins with probability p_j / sum(p). It is torch.multinomial's own one-sample
+    path (the same draws for a seed) without multinomial's check of its input, which reads back to the host: on a
+    GPU, a sync. gpt-fast's multinomial_sample_one_no_sync."""
     race = torch.empty_like(probs).exponential_(1, generator=generator)          # (..., V)
     return (probs / race).argmax(-1, keepdim=True)
-
-
-def sample_without_sync(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token id per row of probs (..., V) -> (..., 1). On a GPU the exponential race, since torch.multinomial
-    reads a check of its input back to the host (a sync); on a CPU, where nothing waits, torch.multinomial, so that
-    a seed draws what the eager loop draws."""
-    if probs.device.type == "cpu":
-        return torch.multinomial(probs, 1, generator=generator)
-    return exponential_race(probs, generator)
 
 
 class DeviceAcceptance(NamedTuple):
