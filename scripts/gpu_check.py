@@ -305,7 +305,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--test-seconds", type=float, default=160)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=160)
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes on this machine's device, no tests or graphs")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, steps traced, no tests or graphs")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--pairs", default="1.5b,7b", help="which target shapes, in order: 1.5b (Qwen2.5), 7b (Llama-2)")
     ap.add_argument("--modes", default="graphs,compile", help="graphs (eager kernels), compile (inductor), in order")

@@ -2,9 +2,10 @@
 
 On CPU: greedy output equals `autoregressive_generate` token for token with a draft model, prompt lookup and every
 γ bucket (γ = 3, 5, 7 pad the verify), across EOS and max_new_tokens; with a greedy drafter each step proposes and
-keeps what the eager loop's step does; sampled output has the target's exact distribution (χ², the helpers of
-test_sampling.py) and a broken residual fails the same test. The steps are traced by dynamo (backend "eager") in
-most tests and compiled by inductor in one; CUDA graphs run in the GPU variants (scripts/gpu_check.py runs them).
+keeps what the eager loop's step does; sampled output has the target's exact distribution (χ², the functions of
+test_sampling.py), a seed draws the eager loop's tokens, and a broken residual fails the same test. The steps are
+traced by dynamo (backend "eager") in most tests and compiled by inductor in one; CUDA graphs run in the GPU
+variants (scripts/gpu_check.py runs them).
 """
 import copy
 
