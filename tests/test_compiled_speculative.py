@@ -115,6 +115,36 @@ def test_eos_inside_the_draft_stops_there(pair, gamma):
     assert out.tokens == ref_eos == ref[: ref.index(eos) + 1] and out.trace.stop_reason == "eos"
 
 
+class ReplayedOutput:
+    """A stand-in for a CUDA graph on the CPU: each replay refills one static output tensor in place, as a graph does."""
+
+    def __init__(self, fn):
+        self.fn, self.out = fn, fn().clone()
+
+    def replay(self):
+        self.out.copy_(self.fn())
+
+
+def test_graph_style_outputs_refilled_in_place_stay_exact(pair, monkeypatch):
+    """The graph path's bookkeeping on a CPU: every shape's logits live in one buffer that its next call overwrites."""
+    monkeypatch.setattr(compiled, "capture_graph", lambda fn, warmups: (lambda g: (g, g.out))(ReplayedOutput(fn)))
+    target, draft = pair
+    cfg = SamplingConfig(temperature=0.8, top_k=20)
+    for drafter in (DraftModelDrafter(draft), PromptLookupDrafter()):
+        dec = CompiledSpeculativeDecoder(target, drafter, max_len=48)
+        for step in [*dec.verify_steps.values(), *(dec.draft.steps.values() if dec.draft else [])]:
+            step.cuda_graph = True
+        for gamma in (3, 8):
+            ref = speculative_generate(target, drafter, PROMPTS[0], 30, gamma=gamma)
+            out = dec.generate(PROMPTS[0], 30, gamma=gamma)
+            assert [(s.proposed, s.n_accepted) for s in out.trace.steps] == \
+                   [(s.proposed, s.n_accepted) for s in ref.trace.steps]
+            assert out.tokens == ref.tokens == autoregressive_generate(target, PROMPTS[0], 30).tokens
+        for seed in range(3):
+            assert dec.generate(PROMPTS[0], 30, gamma=4, sampling=cfg, seed=seed).tokens == \
+                   speculative_generate(target, drafter, PROMPTS[0], 30, gamma=4, sampling=cfg, seed=seed).tokens
+
+
 def test_a_gamma_policy_with_plain_steps_stays_exact(pair):
     target, draft = pair
     ref = autoregressive_generate(target, PROMPTS[0], max_new_tokens=50).tokens
