@@ -54,6 +54,11 @@ from labkit.models.transformer import ModelArgs, Transformer  # noqa: E402
 TESTS = ["tests/test_compiled_speculative.py", "tests/test_static_decode.py"]
 REPLAYS = {"lookup": ("data/bench/code_edit/results.jsonl", "lookup"),               # zero draft cost
            "draft": ("data/bench/all_drafters/results.jsonl", "draft-cost-aware")}   # the draft model's
+PAIRS = {"1.5b": ("qwen2.5-1.5b + 0.5b draft", SHAPES["qwen2.5-1.5b"], SHAPES["qwen2.5-0.5b"]),
+         "7b": ("llama-2-7b + 0.5b draft (vocab 32000)", SHAPES["llama-2-7b"],
+                replace(SHAPES["qwen2.5-0.5b"], vocab_size=32000, max_seq_len=4096))}
+MODES = {"graphs": {"label": "CUDA graphs", "static": dict(compile=False, cuda_graph=True)},
+         "compile": {"label": "torch.compile + CUDA graphs", "static": dict(compile=True, cuda_graph=True)}}
 SMOKE_ARGS = ModelArgs(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, qkv_bias=True,
                        tie_embeddings=True, max_seq_len=512)
 
@@ -311,6 +316,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--modes", default="graphs,compile", help="graphs (eager kernels), compile (inductor), in order")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench"))
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.pairs.split(",")) - set(PAIRS) | set(args.modes.split(",")) - set(MODES))
+    if unknown:
+        raise SystemExit(f"unknown --pairs/--modes {unknown}: pairs {list(PAIRS)}, modes {list(MODES)}")
     t_start, budget, out = time.perf_counter(), Budget(args.budget), Path(args.out)
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("gpu_check.py measures a CUDA GPU; on a CPU run it with --smoke (tiny shapes)")
@@ -319,6 +327,7 @@ def main(argv=None) -> dict:
           flush=True)
     profile = describe(device, quick=args.smoke)
     peak = profile.facts.get("peak bandwidth")
+    peak_bw = getattr(peak, "value", None) if device == "cuda" else None
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": f"torch {torch.__version__}",
               "device": {"name": profile.name, "peak_bandwidth": getattr(peak, "value", None),
                          "peak_bandwidth_source": getattr(peak, "source", str(peak)),
@@ -333,27 +342,18 @@ def main(argv=None) -> dict:
         result["recorded"][key] = {"source": source, "method": method, "steps": steps,
                                    "tokens_per_step": (accepted + len(steps)) / len(steps),
                                    "acceptance_rate": accepted / max(1, proposed)}
-    # 1. tests
-    if not (args.smoke or args.skip_tests):
-        result["tests"] = run_tests(min(args.test_seconds, budget.left() - 60))
-        write(result, out)
-    # 2. timing: pairs x modes, the cheapest first, each only if it fits what is left
-    peak_bw = result["device"]["peak_bandwidth"] if device == "cuda" else None
     if args.smoke:
         dtype, pairs = torch.float32, [("smoke", SMOKE_ARGS, replace(SMOKE_ARGS, n_layers=1))]
         modes = [{"label": "static, traced (smoke)", "static": dict(compile=True, compile_backend="eager")}]
     else:
         dtype = torch.bfloat16
-        all_pairs = {"1.5b": ("qwen2.5-1.5b + 0.5b draft", SHAPES["qwen2.5-1.5b"], SHAPES["qwen2.5-0.5b"]),
-                     "7b": ("llama-2-7b + 0.5b draft (vocab 32000)", SHAPES["llama-2-7b"],
-                            replace(SHAPES["qwen2.5-0.5b"], vocab_size=32000, max_seq_len=4096))}
-        all_modes = {"graphs": {"label": "CUDA graphs", "static": dict(compile=False, cuda_graph=True)},
-                     "compile": {"label": "torch.compile + CUDA graphs", "static": dict(compile=True, cuda_graph=True)}}
-        unknown = set(args.pairs.split(",")) - set(all_pairs) | set(args.modes.split(",")) - set(all_modes)
-        if unknown:
-            raise SystemExit(f"unknown --pairs/--modes {sorted(unknown)}: pairs {list(all_pairs)}, modes {list(all_modes)}")
-        pairs = [all_pairs[p] for p in args.pairs.split(",")]
-        modes = [all_modes[m] for m in args.modes.split(",")]
+        pairs = [PAIRS[p] for p in args.pairs.split(",")]
+        modes = [MODES[m] for m in args.modes.split(",")]
+    # 1. tests
+    if not (args.smoke or args.skip_tests):
+        result["tests"] = run_tests(min(args.test_seconds, budget.left() - 60))
+        write(result, out)
+    # 2. timing: pairs x modes, the cheapest first, each only if it fits what is left
     for i, (name, target_args, draft_args) in enumerate(pairs):
         if not budget.allows(60, f"{name}: every mode"):
             continue

@@ -116,7 +116,7 @@ def test_eos_inside_the_draft_stops_there(pair, gamma):
 
 
 class ReplayedOutput:
-    """A stand-in for a CUDA graph on the CPU: each replay refills one static output tensor in place, as a graph does."""
+    """A stand-in for a CUDA graph on the CPU: each replay refills one static output in place, as a graph does."""
 
     def __init__(self, fn):
         self.fn, self.out = fn, fn().clone()
