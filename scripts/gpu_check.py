@@ -205,8 +205,9 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
     del ar_dec
     if compiling:                          # what one compiled shape of this pair costs: the estimate for the rest
         result["per_shape_compile_s"] = compile_s
-    # 2. compiled speculation, replaying each recorded acceptance
-    compiled = set()                      # shapes compiled for this pair in this mode (a later decoder may reuse them)
+    # 2. compiled speculation, replaying each recorded acceptance; one decoder, so the second drafter reuses the
+    #    verify shapes the first compiled
+    compiled, dec = set(), None
     for key, draft_model in (("lookup", None), ("draft", draft)):
         recorded = result["recorded"][key]["steps"]
         shapes = {("verify", bucket(g)) for g, _ in recorded} | ({("draft", 1), ("draft", 2)} if draft_model else set())
@@ -217,7 +218,10 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
         with phase(result, f"{name}, {mode['label']}, replay {key}"):
             replay, drafter = replay_drafter(key, result, continuation, target, draft_model)
             t0 = time.perf_counter()
-            dec = CompiledSpeculativeDecoder(target, drafter, max_len, **mode["static"])
+            if dec is None:
+                dec = CompiledSpeculativeDecoder(target, drafter, max_len, **mode["static"])
+            else:
+                dec.use_drafter(drafter)
             dec.warmup(g for g, _ in recorded)
             compile_s = time.perf_counter() - t0
             gen, util = sample(lambda: dec.generate(prompt, new, gamma=8), key)
@@ -226,7 +230,7 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
             rows.append(spec_row(label, gen, replay, continuation, ar, target.args,
                                  None if draft_model is None else draft_model.args, max_len, peak,
                                  replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util))
-            del dec
+    del dec
     return ar, continuation
 
 

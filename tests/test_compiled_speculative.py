@@ -87,6 +87,19 @@ def test_each_step_proposes_and_keeps_what_the_eager_step_does(pair, gamma):
         assert all(s.verify_time > 0 for s in got) and dec.trace.method == f"compiled-speculative/{drafter.name}"
 
 
+def test_another_drafter_reuses_the_compiled_target(pair):
+    target, draft = pair
+    dec = CompiledSpeculativeDecoder(target, PromptLookupDrafter(), max_len=48)
+    steps = dec.verify_steps
+    ref = autoregressive_generate(target, PROMPTS[0], max_new_tokens=30).tokens
+    assert dec.generate(PROMPTS[0], 30, gamma=3).tokens == ref
+    dec.use_drafter(DraftModelDrafter(draft))
+    out = dec.generate(PROMPTS[0], 30, gamma=3)
+    assert out.tokens == ref and dec.verify_steps is steps and out.trace.method == "compiled-speculative/draft"
+    with pytest.raises(ValueError, match="vocabulary"):
+        dec.use_drafter(DraftModelDrafter(tiny_model(vocab_size=50)))
+
+
 def test_draft_equal_to_target_accepts_everything_and_catches_up_two_tokens(pair):
     target, _ = pair
     out = compiled_speculative_generate(target, DraftModelDrafter(target), PROMPTS[0], max_new_tokens=30, gamma=4)

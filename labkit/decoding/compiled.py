@@ -208,6 +208,7 @@ class CompiledSpeculativeDecoder(Decoder):
         dec = CompiledSpeculativeDecoder(target, DraftModelDrafter(draft), max_len=1024, compile=True, cuda_graph=True)
         gen = dec.generate(prompt_ids, max_new_tokens=256, gamma=4)     # reuses the compiled steps and graphs
         dec.start(prompt_ids, 64); dec.step()                            # or one step at a time
+        dec.use_drafter(PromptLookupDrafter())                           # another drafter, the same compiled target
 
     drafter: a `DraftModelDrafter` drafts on the device (whole context, k tokens a step: no early stop, no window);
     a `PacedDrafter` proposes its host drafter's tokens while its draft model runs for its cost; any other chain
@@ -222,14 +223,6 @@ class CompiledSpeculativeDecoder(Decoder):
         if not isinstance(model, Transformer):
             raise ValueError(f"the compiled loop runs labkit's own Transformer (static cache, fixed shapes), got "
                              f"{type(model).__name__}: decode other targets with speculative_generate")
-        check_drafter(drafter)
-        if drafter.reads_features or drafter.reads_verdict:
-            raise ValueError(f"the {drafter.name} drafter needs the tree loop: decode with labkit.decoding.tree")
-        if isinstance(drafter, DraftModelDrafter) and (drafter.window is not None or drafter.stop_below is not None
-                                                       or drafter.eos_token_ids):
-            raise ValueError("the compiled draft reads the whole context and drafts k tokens every step: build the "
-                             "drafter as DraftModelDrafter(model) (no window, stop_below or eos_token_ids)")
-        drafter.check_target(model)
         if cuda_graph and model.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on "
                              f"{model.device.type}")
@@ -240,15 +233,28 @@ class CompiledSpeculativeDecoder(Decoder):
                              f"got {max_len!r}")
         # every shape is a recompile of the same small function: let dynamo keep them all (its default keeps 8)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        compiled = dict(compile=compile, cuda_graph=cuda_graph, compile_backend=compile_backend,
-                        compile_options=compile_options)
+        self.compiled = dict(compile=compile, cuda_graph=cuda_graph, compile_backend=compile_backend,
+                             compile_options=compile_options)
         a, p = model.args, model.embed_tokens.weight
-        self.model, self.drafter, self.max_len = model, drafter, max_len
+        self.model, self.max_len = model, max_len
         self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
-        self.verify_steps = {b: FixedShapeStep(model, self.cache, b + 1, **compiled) for b in BUCKETS}
+        self.verify_steps = {b: FixedShapeStep(model, self.cache, b + 1, **self.compiled) for b in BUCKETS}
+        self.use_drafter(drafter)
+
+    def use_drafter(self, drafter: Drafter) -> None:
+        """Draft with `drafter` from the next `start` on, keeping the target's compiled shapes and graphs."""
+        check_drafter(drafter)
+        if drafter.reads_features or drafter.reads_verdict:
+            raise ValueError(f"the {drafter.name} drafter needs the tree loop: decode with labkit.decoding.tree")
+        if isinstance(drafter, DraftModelDrafter) and (drafter.window is not None or drafter.stop_below is not None
+                                                       or drafter.eos_token_ids):
+            raise ValueError("the compiled draft reads the whole context and drafts k tokens every step: build the "
+                             "drafter as DraftModelDrafter(model) (no window, stop_below or eos_token_ids)")
+        drafter.check_target(self.model)
         draft_model = (drafter.model if isinstance(drafter, DraftModelDrafter) else
                        drafter.paced_by.model if isinstance(drafter, PacedDrafter) else None)
-        self.draft = None if draft_model is None else StaticDraft(draft_model, max_len, **compiled)
+        self.drafter = drafter
+        self.draft = None if draft_model is None else StaticDraft(draft_model, self.max_len, **self.compiled)
         self.host_drafter = (None if isinstance(drafter, DraftModelDrafter) else
                              drafter.tokens_from if isinstance(drafter, PacedDrafter) else drafter)
 
@@ -256,7 +262,7 @@ class CompiledSpeculativeDecoder(Decoder):
     def warmup(self, gammas=None) -> None:
         """Compile the verify shapes of these draft lengths (default: every bucket) and the draft's, and record their
         graphs now, not inside a timed step (otherwise each is compiled when first used). Call it before `start`:
-        it writes slots 0-8, which a prefill overwrites."""
+        its forwards write cache slots that the prefill and the steps overwrite before anything reads them."""
         for b in BUCKETS if gammas is None else sorted({bucket(min(g, MAX_GAMMA)) for g in gammas}):
             self.verify_steps[b]()
         if self.draft is not None:
