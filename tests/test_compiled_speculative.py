@@ -8,6 +8,7 @@ traced by dynamo (backend "eager") in most tests and compiled by inductor in one
 variants (scripts/gpu_check.py runs them).
 """
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -263,10 +264,11 @@ def test_replayed_acceptance_is_the_recorded_one_eager_and_compiled(pair, paced)
 
 
 def test_recorded_steps_load_from_a_committed_benchmark():
-    steps = load_recorded_steps("data/bench/code_edit/results.jsonl", "suffix", max_gamma=8)
+    results = Path(__file__).resolve().parents[1] / "data" / "bench" / "code_edit" / "results.jsonl"
+    steps = load_recorded_steps(results, "suffix", max_gamma=8)
     assert steps and all(0 <= n <= g <= 8 for g, n in steps) and any(n > 0 for _, n in steps)
     with pytest.raises(ValueError, match="its methods: .*'lookup'"):
-        load_recorded_steps("data/bench/code_edit/results.jsonl", "no-such-method")
+        load_recorded_steps(results, "no-such-method")
     with pytest.raises(ValueError, match="greedy"):
         ReplayDrafter([1, 2], [(2, 1)], 96).propose(torch.tensor([1]), 2, SamplingConfig(temperature=1.0))
 
