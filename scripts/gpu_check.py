@@ -310,7 +310,7 @@ def write(result: dict, out: Path) -> None:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget", type=float, default=455, help="seconds for everything (tests included)")
+    ap.add_argument("--budget", type=float, default=440, help="seconds for everything (tests included)")
     ap.add_argument("--test-seconds", type=float, default=160)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=160)
