@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -129,6 +130,7 @@ def run_tests(seconds: float) -> dict:
     except subprocess.TimeoutExpired as e:
         text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
         rc, out = "timeout", f"{text(e.stdout)}{text(e.stderr)}\nkilled after {seconds:.0f} s"
+    out = re.sub(r"/\S*/site-packages/", "site-packages/", out)   # no paths of the machine in the outputs
     lines = [line for line in out.strip().splitlines() if line.strip()]
     print("\n".join(lines[-15:]), flush=True)
     return {"rc": rc, "summary": lines[-1] if lines else "", "seconds": time.perf_counter() - t0, "tail": lines[-40:]}
