@@ -34,6 +34,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -195,7 +196,7 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
     ar_dec = StaticDecoder(target, max_len=max_len, **mode["static"])
     ar_dec.warmup()
     compile_s = time.perf_counter() - t0
-    gen, util = sample(lambda: ar_dec.generate(prompt, new), "AR")
+    gen, util = sample(partial(ar_dec.generate, prompt, new), "AR")
     continuation, rate = gen.tokens, decode_rate(gen, True)
     ar = {"method": f"compiled AR (StaticDecoder, {mode['label']})", "tokens_per_s": rate, "speedup": 1.0,
           "compile_s": compile_s, "nvml_dram_bw_util_pct": util,
@@ -226,7 +227,7 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
                 dec.use_drafter(drafter)
             dec.warmup(g for g, _ in recorded)
             compile_s = time.perf_counter() - t0
-            gen, util = sample(lambda: dec.generate(prompt, new, gamma=8), key)
+            gen, util = sample(partial(dec.generate, prompt, new, gamma=8), key)
             label = (f"compiled speculation ({mode['label']}), replayed {result['recorded'][key]['method']} "
                      "acceptance, " + ("zero draft cost" if draft_model is None else "the draft model's real cost"))
             rows.append(spec_row(label, gen, replay, continuation, ar, target.args,

@@ -80,9 +80,12 @@ class TreeDecoder(Decoder):
         # 2. Verify: root + every node in one forward, each node seeing only its ancestors
         t1 = time.perf_counter()
         feed = torch.tensor([self.tokens[-1]] + nodes.tolist(), device=self.target.device)[None]   # (1, 1+N)
-        positions = torch.cat([torch.tensor([n_cached]), tree.positions(n_cached)])                # (1+N,)
-        mask = tree.verify_mask(n_cached).to(self.target.device)                                   # (1+N, S)
-        hidden = self.target.features(feed, self.cache, positions[None].to(self.target.device), mask)  # (1+N, F)
+        if nodes.numel():
+            positions = torch.cat([torch.tensor([n_cached]), tree.positions(n_cached)])            # (1+N,)
+            mask = tree.verify_mask(n_cached).to(self.target.device)                               # (1+N, S)
+            hidden = self.target.features(feed, self.cache, positions[None].to(self.target.device), mask)  # (1+N, F)
+        else:       # a plain step (budget 0): the root alone, computed as plain decoding computes it (no mask)
+            hidden = self.target.features(feed, self.cache)                                        # (1, F)
         logits = self.target.logits(hidden).cpu()                                        # (1+N, V)
         t2 = time.perf_counter()
         # 3. Accept: the longest agreeing path plus one token of the target's

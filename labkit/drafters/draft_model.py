@@ -1,7 +1,7 @@
 """A small draft model of the same tokenizer proposes K tokens autoregressively (Leviathan 2023).
 
-It keeps its own KV cache. Each `propose` first feeds the committed tokens it has not
-seen (the last step's accepted tokens and the target's correction/bonus token), then drafts.
+It keeps its own KV cache, filled with the prompt (but its last token) when decoding starts.
+Each `propose` first feeds the committed tokens it has not seen (the last step's accepted tokens and the target's correction/bonus token), then drafts.
 `commit` truncates its cache to what the target accepted. For B sequences at once it keeps one
 `RaggedCache` and drafts every row in the same forward: each draft position costs one forward
 of B tokens, not B forwards of one.
@@ -51,8 +51,13 @@ class DraftModelDrafter(Drafter):
     def check_target(self, target) -> None:
         check_draft_model(target, self.model)
 
+    @torch.no_grad()
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
+        """Read the prompt but its last token (or, with a window, its sinks and last W) now, as the target
+        does: the draft's own prefill is counted with the prefill, not with the first step's drafting."""
         self.cache, self.skipped = self.model.new_cache(), 0
+        if prompt_ids.numel() > 1:
+            self.model(self.unseen(prompt_ids[:-1])[None].to(self.model.device), self.cache, num_logits=1)
 
     def unseen(self, tokens: torch.Tensor) -> torch.Tensor:
         """The committed tokens (n,) the draft has not read yet; with a window, a fresh one started when due."""
