@@ -106,14 +106,12 @@ def load_recorded_steps(results: str | Path, method: str, max_gamma: int | None 
     if not path.is_file():
         raise ValueError(f"{path} does not exist: give a benchmark's results.jsonl, such as "
                          "data/bench/code_edit/results.jsonl")
+    from ..bench.runner import read_results  # imported here: the bench imports the drafters
+
     steps, methods = [], set()
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue                                   # a line cut short by a killed run
-        if not isinstance(record, dict) or "method" not in record:
-            continue
+    for record in read_results(path):
+        if "method" not in record:
+            continue                                   # a run's meta line
         methods.add(record["method"])
         if record["method"] != method or not record.get("steps"):
             continue
