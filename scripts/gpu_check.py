@@ -46,10 +46,11 @@ from bench_decode import timed  # noqa: E402  (the NVML-sampled second run)
 
 from labkit import DraftModelDrafter, speculative_generate  # noqa: E402
 from labkit.bench.report import ideal_speedup  # noqa: E402
+from labkit.bench.runner import load_recorded_steps  # noqa: E402
 from labkit.bench.writer import markdown_table, subplots, write_outputs  # noqa: E402
 from labkit.decoding.compiled import CompiledSpeculativeDecoder, bucket  # noqa: E402
 from labkit.decoding.static import StaticDecoder  # noqa: E402
-from labkit.drafters.replay import PacedDrafter, ReplayDrafter, load_recorded_steps  # noqa: E402
+from labkit.drafters.replay import PacedDrafter, ReplayDrafter  # noqa: E402
 from labkit.hw import SHAPES, decode_cost, describe, verify_cost  # noqa: E402
 from labkit.models.transformer import ModelArgs, Transformer  # noqa: E402
 

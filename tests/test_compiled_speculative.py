@@ -26,6 +26,7 @@ from labkit import (
     autoregressive_generate,
     speculative_generate,
 )
+from labkit.bench.runner import load_recorded_steps
 from labkit.decoding.compiled import (
     BUCKETS,
     CompiledSpeculativeDecoder,
@@ -35,7 +36,7 @@ from labkit.decoding.compiled import (
     greedy_accept_on_device,
     speculative_accept_on_device,
 )
-from labkit.drafters.replay import PacedDrafter, ReplayDrafter, load_recorded_steps
+from labkit.drafters.replay import PacedDrafter, ReplayDrafter
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and inductor's GPU code need a GPU")

@@ -100,6 +100,32 @@ def read_results(path: Path) -> list[dict]:
     return records
 
 
+def load_recorded_steps(results: str | Path, method: str, max_gamma: int | None = None) -> list[tuple[int, int]]:
+    """Every step (γ, n_accepted) of `method`'s runs in a benchmark's results.jsonl, question after question.
+
+    A step's record is [γ, n_accepted, bonus, draft s, verify s] (labkit.bench.runner). With `max_gamma`, longer
+    drafts are cut to it (n_accepted too): what a verify of at most max_gamma draft tokens would have kept.
+    """
+    path = Path(results)
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: give a benchmark's results.jsonl, such as "
+                         "data/bench/code_edit/results.jsonl")
+    steps, methods = [], set()
+    for record in read_results(path):
+        if "method" not in record:
+            continue                                   # a run's meta line
+        methods.add(record["method"])
+        if record["method"] != method or not record.get("steps"):
+            continue
+        recorded = json.loads(record["steps"]) if isinstance(record["steps"], str) else record["steps"]
+        for gamma, n, *_ in recorded:
+            cap = gamma if max_gamma is None else min(gamma, max_gamma)
+            steps.append((int(cap), int(min(n, cap))))
+    if not steps:
+        raise ValueError(f"{path} holds no steps of method {method!r}; its methods: {sorted(methods)}")
+    return steps
+
+
 def done_pairs(records: list[dict], run_key: str) -> set[tuple[str, str, str]]:
     """(question_id, question sha, method) already measured under these settings."""
     return {(r["question_id"], r["question_sha"], r["method"]) for r in records

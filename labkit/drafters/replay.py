@@ -5,18 +5,15 @@ a model of the real shape with random weights. Acceptance does depend on them: a
 agrees with a random target about as often as two dice. `ReplayDrafter` puts a recorded run's
 acceptance back: it knows the target's own greedy continuation of the prompt (decoded first) and,
 for every step, how many draft tokens a real drafter proposed and got accepted on the real pair
-(`load_recorded_steps` reads them from a benchmark's results.jsonl); it proposes that many
-tokens of the continuation and then wrong ones, so greedy verification accepts exactly the
-recorded count. It costs nothing to draft, like prompt lookup or suffix decoding.
+(`labkit.bench.runner.load_recorded_steps` reads them from a benchmark's results.jsonl); it
+proposes that many tokens of the continuation and then wrong ones, so greedy verification
+accepts exactly the recorded count. It costs nothing to draft, like prompt lookup or suffix decoding.
 
 `PacedDrafter` adds a draft model's cost: the draft model drafts as many tokens as the replay
 proposes, on every step, and its tokens are thrown away. Both are measuring devices, not
 drafters to decode with: every number they produce is "replayed acceptance".
 """
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import torch
 
@@ -40,7 +37,7 @@ class ReplayDrafter(Drafter):
                              "the prompt first (e.g. StaticDecoder(...).generate(prompt, n).tokens)")
         if not recorded or not all(0 <= n <= g for g, n in recorded):
             raise ValueError("recorded must be a non-empty list of (gamma, n_accepted) with 0 <= n_accepted <= "
-                             "gamma: read one with load_recorded_steps(results.jsonl, method)")
+                             "gamma: read one with labkit.bench.runner.load_recorded_steps(results.jsonl, method)")
         self.continuation, self.recorded, self.vocab_size = list(continuation), list(recorded), vocab_size
         self.prompt_len, self.replayed, self.diverged = 0, [], False
 
@@ -94,31 +91,3 @@ class PacedDrafter(Drafter):
     def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
         self.tokens_from.commit(n_cached)
         self.paced_by.commit(n_cached)
-
-
-def load_recorded_steps(results: str | Path, method: str, max_gamma: int | None = None) -> list[tuple[int, int]]:
-    """Every step (γ, n_accepted) of `method`'s runs in a benchmark's results.jsonl, question after question.
-
-    A step's record is [γ, n_accepted, bonus, draft s, verify s] (labkit.bench.runner). With `max_gamma`, longer
-    drafts are cut to it (n_accepted too): what a verify of at most max_gamma draft tokens would have kept.
-    """
-    path = Path(results)
-    if not path.is_file():
-        raise ValueError(f"{path} does not exist: give a benchmark's results.jsonl, such as "
-                         "data/bench/code_edit/results.jsonl")
-    from ..bench.runner import read_results  # imported here: the bench imports the drafters
-
-    steps, methods = [], set()
-    for record in read_results(path):
-        if "method" not in record:
-            continue                                   # a run's meta line
-        methods.add(record["method"])
-        if record["method"] != method or not record.get("steps"):
-            continue
-        recorded = json.loads(record["steps"]) if isinstance(record["steps"], str) else record["steps"]
-        for gamma, n, *_ in recorded:
-            cap = gamma if max_gamma is None else min(gamma, max_gamma)
-            steps.append((int(cap), int(min(n, cap))))
-    if not steps:
-        raise ValueError(f"{path} holds no steps of method {method!r}; its methods: {sorted(methods)}")
-    return steps
