@@ -41,7 +41,9 @@ def add_model_args(p, default_dtype: str = "bf16") -> None:
     from .models.hub import DEFAULT_DRAFT, DEFAULT_TARGET
     p.add_argument("--target", default=DEFAULT_TARGET, help="preset, local directory or Hub id")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the draft-model methods")
-    p.add_argument("--dtype", default=default_dtype, choices=["bf16", "fp32", "fp16"], help="the target's precision")
+    p.add_argument("--dtype", default=default_dtype, choices=["bf16", "fp32", "fp16", "int8", "int4"],
+                   help="the target's precision (int8/int4: labkit's quantized model, a model of its own whose plain "
+                        "decoding speculation reproduces)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="forward path: auto = the fastest this machine measured (cached), or force one")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when a GPU is present")

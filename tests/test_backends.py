@@ -42,7 +42,7 @@ def on_path(reference: Transformer, path: str, precision: str) -> Transformer:
 
 
 CASES = [(p, prec) for p in PATHS if p != "packed-amx" for prec in ("fp32", "bf16")] + \
-    [("packed-amx", "bf16"), ("reference", "int8"), ("reference", "int4"), ("packed", "int8")]
+    [("packed-amx", "bf16"), ("reference", "int8"), ("reference", "int4"), ("packed", "int8"), ("packed", "int4")]
 TOL = {"fp32": 1e-4, "bf16": 0.06, "int8": 0.25, "int4": 0.6}     # max |logit error| / max |logit|
 
 
@@ -63,9 +63,11 @@ def test_logits_match_the_reference(path, precision):
 
 
 # Exact where the target's kernels are batch invariant or fp32 (stock bf16 GEMMs round a k-row product
-# differently from k one-row products, so a near tie can flip); a quantised model is only ever a draft.
+# differently from k one-row products, so a near tie can flip): labkit's int4 kernel is, so a 4-bit
+# target's speculative decoding reproduces its own plain decoding.
 EXACT = [(p, "fp32", "fp32") for p in PATHS if p != "packed-amx"] + \
-    [("packed", "bf16", d) for d in ("bf16", "int8", "int4")] + [("packed-amx", "bf16", "int8")]
+    [("packed", "bf16", d) for d in ("bf16", "int8", "int4")] + [("packed-amx", "bf16", "int8")] + \
+    [("packed", "int4", "int4"), ("packed", "int4", "int8")]
 
 
 @pytest.mark.parametrize("path,precision,draft_precision", EXACT)
@@ -80,7 +82,7 @@ def test_greedy_speculative_equals_autoregressive_on_the_same_path(path, precisi
         assert out.tokens == ref.tokens, f"{drafter.name} on the {path} path ({precision})"
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int4"])
 def test_packed_verify_gives_the_bits_of_single_steps(precision):
     """Batch invariance: one 6-token forward == six 1-token forwards, logits and cache, bit for bit."""
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16

@@ -67,6 +67,50 @@ def test_packed_weight_unpacks_to_the_original():
         assert torch.equal(PackedLinear(linear).weight, linear.weight.detach())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M,N,K", [(1, 64, 64), (3, 300, 256), (8, 1000, 96), (13, 65, 160), (64, 48, 512),
+                                   (2, 7, 32)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int4_linear_matches_its_reference(dtype, M, N, K, bias):
+    """The kernel's integer group sums and scales against the same arithmetic in float64."""
+    qw = cpu.quantize_int4(rand(N, K, scale=0.05))
+    b = rand(N, seed=1) if bias else None
+    x = rand(M, K, dtype=dtype, seed=2)
+    packed, scales = cpu.pack_int4(qw)
+    y = cpu.int4_linear(x, packed, scales, N, b)
+    assert y.shape == (M, N) and y.dtype == dtype
+    assert close(y, cpu.int4_linear_ref(x, qw, b), dtype) < TOL[dtype]
+    # and the int8 activations keep it near the dequantized weights' fp32 product (a measured bound, not exact)
+    assert close(y, torch.nn.functional.linear(x.float(), qw.dequantize(), b), dtype) < 0.02
+
+
+def test_int4_quantization_rounds_each_group_to_its_own_range():
+    w = rand(40, 96, scale=0.05)
+    w[3, :32] = 0.25                                       # a constant group: scale 0, every weight exact
+    qw = cpu.quantize_int4(w)
+    assert qw.q.dtype == torch.uint8 and int(qw.q.max()) <= 15 and qw.scale.dtype == torch.float16
+    err = (qw.dequantize() - w).view(40, 3, 32).abs().amax(-1)                      # (N, G)
+    step = qw.scale.float()
+    assert (err <= step / 2 * 1.01 + 1e-3 * w.abs().max()).all()                   # half a step (+ fp16 of lo)
+    assert torch.equal(qw.dequantize()[3, :32], torch.full((32,), 0.25))
+    with pytest.raises(ValueError, match="divisible by 32"):
+        cpu.quantize_int4(rand(8, 48))
+
+
+def test_int4_linear_is_batch_invariant_and_unpacks():
+    """Row i of a 37-row product has the same bits as alone; the packed weight unpacks to the dequantized one."""
+    from labkit.models.backends import PackedInt4Linear
+    linear = torch.nn.Linear(384, 520)
+    layer = PackedInt4Linear(linear)
+    x = rand(37, 384, dtype=torch.bfloat16, seed=4)
+    together = layer(x)
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(37)])
+    assert torch.equal(together, alone)
+    assert torch.equal(layer.weight, cpu.quantize_int4(linear.weight).dequantize().to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match="multiple of 32, got 380"):
+        cpu.int4_linear(rand(2, 380), layer.packed, layer.scales, 520)
+
+
 def causal_mask(T, S):
     """T new tokens at the end of S slots: row i sees slots 0 .. S - T + i."""
     return torch.ones(T, S, dtype=torch.bool).tril(S - T)
@@ -128,6 +172,9 @@ def test_the_avx2_build_matches_too():
         q, k, v = rand(1, 4, 3, 64, dtype=dtype), rand(1, 2, 12, 64, dtype=dtype, seed=1), rand(1, 2, 12, 64, dtype=dtype, seed=2)
         att = avx2.decode_attention(q, k, v, causal_mask(3, 12), 64 ** -0.5)
         assert close(att, cpu.attention_ref(q, k, v, causal_mask(3, 12)), dtype) < TOL[dtype] * 2
+        qw = cpu.quantize_int4(rand(200, 160, scale=0.05))
+        y4 = avx2.int4_linear(x, *cpu.pack_int4(qw), 200, None)                      # vpmaddubsw, no VNNI
+        assert not avx2.int4_vnni() and close(y4, cpu.int4_linear_ref(x, qw), dtype) < TOL[dtype]
 
 
 def test_kernels_unavailable_says_why(monkeypatch):

@@ -149,7 +149,7 @@ static void gemm(const void* x, int64_t M, int64_t K, const void* wp, int64_t N,
 // An uninitialised tensor on 2 MB pages where the kernel allows (transparent huge pages, madvise mode):
 // streaming gigabytes of weights through 4 KB pages costs a TLB miss every 4 KB, and the hardware
 // prefetchers stop at each page boundary.
-static torch::Tensor empty_on_huge_pages(at::IntArrayRef shape, at::ScalarType dtype) {
+torch::Tensor empty_on_huge_pages(at::IntArrayRef shape, at::ScalarType dtype) {
   const int64_t huge = 2 << 20, bytes = c10::multiply_integers(shape) * c10::elementSize(dtype);
   auto raw = torch::empty({bytes + huge}, torch::dtype(torch::kUInt8));
   const uintptr_t p = (uintptr_t)raw.data_ptr(), aligned = (p + huge - 1) & ~(uintptr_t)(huge - 1);
@@ -198,6 +198,11 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor wp, int64_t N, c10::o
     lk::gemm<lk::BF16W>(x32.data_ptr(), M, K, wp.data_ptr(), N, b, y.data_ptr(), out_bf16);
   }
   return y;
+}
+
+// A copy of `t` on 2 MB pages (for weights packed elsewhere, e.g. pack_int4).
+torch::Tensor on_huge_pages(torch::Tensor t) {
+  return empty_on_huge_pages(t.sizes(), t.scalar_type()).copy_(t);
 }
 
 bool have_bf16_dot() { return lk::HAVE_BF16_DOT; }

@@ -342,15 +342,29 @@ METHODS: dict[str, Method] = {m.name: m for m in [
 ]}
 
 
-def default_methods(target: str) -> list[str]:
+HF_NEEDS = frozenset({"hf", "hf_draft", "hf_cross"})
+
+
+def default_methods(target: str, dtype: str = "bf16") -> list[str]:
     """Every method that runs on `target`: the trained-head methods only on the target they were trained on,
     llama.cpp's where it is built and the target is a preset (it reads the preset's GGUF), the draft with another
-    tokenizer for the presets other than that draft itself."""
+    tokenizer for the presets other than that draft itself, transformers' peers unless the target is quantized."""
+    from ..models.backends import QUANTIZED
     from ..models.hub import PRESETS
     from .llama_cpp import available
     return [n for n, m in METHODS.items() if ("heads" not in m.needs or target == HEADS_TARGET)
             and ("llama-cpp" not in m.needs or (target in PRESETS and available()))
-            and ("cross_draft" not in m.needs or (target in PRESETS and target != CROSS_DRAFT))]
+            and ("cross_draft" not in m.needs or (target in PRESETS and target != CROSS_DRAFT))
+            and not (dtype in QUANTIZED and m.needs & HF_NEEDS)]
+
+
+def check_dtype(names: list[str], dtype: str) -> None:
+    """transformers' peers run the target as its checkpoint stores it: not a labkit-quantized model."""
+    from ..models.backends import QUANTIZED
+    peers = [n for n in names if METHODS[n].needs & HF_NEEDS]
+    if dtype in QUANTIZED and peers:
+        raise ValueError(f"{', '.join(peers)} run transformers' model, which has no {dtype} weights of labkit's: "
+                         f"with --dtype {dtype} leave them out of --methods (llama.cpp's rows are the 4-bit peers)")
 
 
 def check_methods(names: list[str]) -> list[str]:

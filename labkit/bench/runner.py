@@ -24,6 +24,7 @@ from .methods import (
     CROSS_DRAFT,
     METHODS,
     Models,
+    check_dtype,
     check_methods,
     check_target,
     default_methods,
@@ -55,8 +56,10 @@ class BenchConfig:
     draft_window: int | None = DEFAULT_WINDOW   # tokens the draft model reads besides the sinks (None: all)
 
     def __post_init__(self):
-        self.methods = check_methods(default_methods(self.target) if self.methods is None else self.methods)
+        self.methods = check_methods(default_methods(self.target, self.dtype) if self.methods is None
+                                     else self.methods)
         check_target(self.methods, self.target)
+        check_dtype(self.methods, self.dtype)
         for name in ("max_new_tokens", "gamma", "lookup_tokens", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

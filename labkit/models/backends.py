@@ -14,10 +14,13 @@ those modules, applied once at load; the model code is the same on every path:
                 where AMX does 16-64 rows in about the time the weights take to stream; a verify that
                 wide is then not bit-identical to one-token steps (bf16 rounding differs)
 
-Precision is the weights': fp32 or bf16 as loaded (activations follow), or weight-only int8 /
-int4 through torch's CPU kernels (bf16 activations) for a draft model, which only has to be
-approximately right (the target's verification keeps the output exact) and gets faster the fewer
-bytes it reads. `labkit.models.calibrate` picks the path on each machine; `load_model(backend=...)`,
+Precision is the weights': fp32 or bf16 as loaded (activations follow), or int8 / int4. int8 runs
+torch's weight-only CPU kernel (bf16 activations). int4 runs labkit's own 4-bit kernel on the packed
+path (kernels/cpu/int4.cpp: groups of 32 weights with an fp16 scale and minimum, int8 activations,
+integer dot products, batch invariant, so its cost stays nearly flat from 1 to 8 rows and a k-token
+verify gives the bits of k one-token steps) and torch's weight-only int4 kernel elsewhere. A
+quantized model is a model of its own: speculative decoding reproduces that model's plain decoding,
+not the bf16 one's (its quality against bf16: `python -m labkit quality`). `labkit.models.calibrate` picks the path on each machine; `load_model(backend=...)`,
 `--backend` and `--draft-precision` override it.
 """
 from __future__ import annotations
@@ -233,6 +236,37 @@ class Int4Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+class PackedInt4Linear(nn.Module):
+    """nn.Linear in 4 bits through labkit's int4 kernel (kernels/cpu/int4.cpp); packed once, here."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        from kernels import cpu
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        packed, scales = cpu.pack_int4(cpu.quantize_int4(linear.weight))
+        self.register_buffer("packed", packed)                                        # (N/16, K/4, 32) uint8
+        self.register_buffer("scales", scales)                                        # (N/16, K/32, 2, 16) fp16
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+
+    def weight_stats(self) -> tuple[int, int]:
+        n, b = self.in_features * self.out_features, _numel(self.bias)
+        return n + b, self.packed.numel() + self.scales.numel() * 2 + b * 4
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The (N, K) weight the 4 bits stand for (a bf16 copy, for code that reads it once)."""
+        from kernels import cpu
+        nb, g = self.scales.shape[0], self.scales.shape[1]
+        q = self.packed.view(nb, -1, 1, 32)
+        q = torch.cat([q & 15, q >> 4], 2).view(nb, -1, 2, 8, 4).permute(0, 2, 3, 1, 4).reshape(nb * 16, -1)
+        scale, lo = (self.scales[:, :, i].transpose(1, 2).reshape(nb * 16, g) for i in (0, 1))
+        return cpu.Int4Weights(q, scale, lo).dequantize()[: self.out_features].to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from kernels import cpu
+        return cpu.int4_linear(x, self.packed, self.scales, self.out_features, self.bias)
+
+
 def weight_dtype(linear: nn.Module) -> torch.dtype:
     """The dtype a linear layer on any path computes in (without unpacking its weight)."""
     if isinstance(linear, nn.Linear):
@@ -255,7 +289,7 @@ def _linear_for(path: str, precision: str):
     if precision == "int8":
         return Int8Linear
     if precision == "int4":
-        return Int4Linear
+        return PackedInt4Linear if path == "packed" else Int4Linear
     if path == "packed-amx":
         return lambda linear: PackedLinear(linear, wide_rows=WIDE_ROWS)
     return {"reference": None, "onednn": OneDNNLinear, "packed": PackedLinear}[path]
