@@ -102,13 +102,15 @@ def test_bad_backend_and_draft_precision(ckpts, capsys, extra, message):
 
 def test_verify_cost_writes_table_json_and_plot(ckpts, capsys, tmp_path):
     code, out, _ = run(capsys, "verify-cost", "--model", ckpts[0], "--paths", "reference,packed", "--precisions",
-                       "fp32", "--tokens", "1,4", "--repeats", "1", "--context", "8", "--out", str(tmp_path))
-    assert code == 0 and "| reference | fp32 |" in out
+                       "fp32,int4", "--tokens", "1,4", "--repeats", "1", "--context", "8", "--out", str(tmp_path))
+    assert code == 0 and "| reference | fp32 |" in out and "| packed | int4 |" in out
     written = sorted(p.suffix for p in tmp_path.glob("verify_cost_*"))
     assert written == [".json", ".md", ".png"]
     result = json.loads(next(tmp_path.glob("verify_cost_*.json")).read_text())
     assert {r["path"] for r in result["rows"]} == {"reference", "packed"}
     measured = [r for r in result["rows"] if "times_s" in r]
     assert measured and all(r["ratio"]["1"] == 1.0 and r["times_s"]["4"] > 0 for r in measured)
+    # each row loaded in a process of its own; the integer kernels get no compute line, fp32 does
+    assert all((r["compute_line_s"] is None) == (r["precision"] == "int4") for r in measured)
     code, _, err = run(capsys, "verify-cost", "--model", ckpts[0], "--precisions", "fp8", "--out", str(tmp_path))
     assert code == 2 and "--precisions takes" in err

@@ -72,6 +72,21 @@ def test_speculative_sampling_matches_target_distribution(pair, cfg):
     assert min(chi2_pvalues(counts, expected)) > 1e-3
 
 
+def test_speculative_sampling_on_a_4bit_target_matches_its_own_distribution(pair):
+    """A quantized target is a model of its own: sampling from it speculatively gives its distribution."""
+    import copy
+
+    from labkit.models.backends import apply_path, check_path
+    try:
+        check_path("packed", "int4")
+    except ValueError as e:
+        pytest.skip(str(e))
+    target, draft = (apply_path(copy.deepcopy(m), "packed", "int4") for m in pair)
+    cfg = CONFIGS[0]
+    counts = sampled_counts(target, DraftModelDrafter(draft), cfg, gamma=2)
+    assert min(chi2_pvalues(counts, exact_marginals(target, cfg))) > 1e-3
+
+
 def test_deterministic_drafter_sampling_matches_target(pair):
     target, _ = pair
     cfg = CONFIGS[0]

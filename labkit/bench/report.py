@@ -237,8 +237,10 @@ def _ran_on(meta: dict) -> str:
         return ""
     draft = f"; draft model: {facts['draft']}" if facts.get("draft") else ""
     load = meta.get("load_average_at_start")
-    return (f"labkit's target ran the {facts['target']}{draft}; transformers' peers run their own stock kernels "
-            f"in {meta['dtype']}. " + (f"Load average at the start: {load[0]:.2f}. " if load else ""))
+    peers = any(m.startswith("hf-") for m in meta.get("methods", ["hf-"]))     # older runs: the peers ran
+    return (f"labkit's target ran the {facts['target']}{draft}"
+            + (f"; transformers' peers run their own stock kernels in {meta['dtype']}" if peers else "") + ". "
+            + (f"Load average at the start: {load[0]:.2f}. " if load else ""))
 
 
 def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str = "") -> str:

@@ -35,42 +35,63 @@ from ..models.calibrate import (  # noqa: F401
 )
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
-BYTES = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5}
+BYTES = {"fp32": 4, "bf16": 2, "int8": 1, "int4": 0.5 + 4 / 32}   # int4: 4 bits + an fp16 (or bf16) scale and minimum per 32
 
 
-@torch.no_grad()
 def measure(model_name: str, paths: list[str], precisions: list[str], tokens: tuple[int, ...] = TOKENS,
             context: int = 256, repeats: int = 5, progress: bool = True) -> dict:
-    """Time every (path, precision) on `model_name`; returns the rows and the machine's two lines."""
-    from ..models.loading import load_model
+    """Time every (path, precision) on `model_name`; returns the rows and the machine's two lines.
+
+    Each (path, precision) loads and runs in a fresh process: a model loaded after another one was
+    freed finds less memory free in 2 MB pages, and its weights, on 4 KB pages, stream slower (measured
+    here: the packed bf16 target's one-token forward took 27% longer loaded second than first)."""
+    import multiprocessing
     m = machine()
     load_before = load_average()
     bandwidth = measure_copy_bandwidth("cpu", size_mib=512)
-    flops = {p: measure_matmul_flops("cpu", torch.bfloat16 if p != "fp32" else torch.float32, n=2048)
-             for p in sorted(set(precisions))}
+    flops = {p: measure_matmul_flops("cpu", _peak_dtype(p), n=2048) for p in sorted(set(precisions))
+             if p not in QUANTIZED}
     rows = []
     pairs = [(path, precision) for precision in precisions for path in paths]
+    spawn = multiprocessing.get_context("spawn")
     for path, precision in tqdm(pairs, desc="paths", disable=not progress):
-        try:
-            lm = load_model(model_name, precision, backend=path, device="cpu", progress=False)
-        except ValueError as e:                          # a path this machine cannot run: say so in the table
-            rows.append({"path": path, "precision": precision, "skipped": str(e)})
-            continue
-        args = lm.model.args
-        t = time_forwards(lm.model, context, tokens, repeats, progress=False)
-        cost = {T: forward_cost(args, T, context, dtype_bytes=BYTES[precision]) for T in tokens}
-        peak = flops[precision].value
-        rows.append({"path": path, "precision": precision, "times_s": {str(T): t[T] for T in tokens},
-                     "ratio": {str(T): t[T] / t[tokens[0]] for T in tokens},
-                     "bandwidth_line_s": cost[tokens[0]].weight_bytes / bandwidth.value,
-                     "compute_line_s": {str(T): cost[T].flops / peak for T in tokens},
-                     "weight_bytes": cost[tokens[0]].weight_bytes})
-        del lm
+        with spawn.Pool(1) as pool:
+            row = pool.apply(time_one, (model_name, path, precision, tokens, context, repeats, torch.get_num_threads()))
+        if "times_s" in row:
+            row["bandwidth_line_s"] = row["weight_bytes"] / bandwidth.value
+            fl = row.pop("flops")
+            row["compute_line_s"] = ({str(T): f / flops[precision].value for T, f in fl.items()}
+                                     if precision in flops else None)   # integer kernels: another peak, not drawn
+        rows.append(row)
     return {"model": model_name, "machine": m, "isa": isa_label(m), "context": context, "repeats": repeats,
             "tokens": list(tokens), "bandwidth": {"value": bandwidth.value, "source": bandwidth.source},
             "matmul_flops": {p: {"value": f.value, "source": f.source} for p, f in flops.items()},
             "load_average": {"before": load_before, "after": load_average()},
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": rows}
+
+
+def _peak_dtype(precision: str) -> torch.dtype:
+    """The matmul whose FLOP/s bound `precision`'s forwards: bf16 where the CPU multiplies bf16 (AVX-512 / AMX),
+    else fp32 (labkit's bf16 kernel widens to fp32 there, and torch's bf16 matmul is a slow fallback)."""
+    from ..models.backends import onednn_bf16
+    return torch.bfloat16 if precision == "bf16" and onednn_bf16() else torch.float32
+
+
+@torch.no_grad()
+def time_one(model_name: str, path: str, precision: str, tokens: tuple[int, ...], context: int, repeats: int,
+             threads: int) -> dict:
+    """One row: `model_name` on `path` in `precision`, timed at every T (run in a process of its own)."""
+    from ..models.loading import load_model
+    torch.set_num_threads(threads)
+    try:
+        lm = load_model(model_name, precision, backend=path, device="cpu", progress=False)
+    except ValueError as e:                          # a path this machine cannot run: say so in the table
+        return {"path": path, "precision": precision, "skipped": str(e)}
+    t = time_forwards(lm.model, context, tokens, repeats, progress=False)
+    cost = {T: forward_cost(lm.model.args, T, context, dtype_bytes=BYTES[precision]) for T in tokens}
+    return {"path": path, "precision": precision, "times_s": {str(T): t[T] for T in tokens},
+            "ratio": {str(T): t[T] / t[tokens[0]] for T in tokens}, "weight_bytes": cost[tokens[0]].weight_bytes,
+            "flops": {str(T): cost[T].flops for T in tokens}}
 
 
 def add_llama_cpp(result: dict, model_name: str) -> dict:
@@ -94,12 +115,14 @@ def markdown(result: dict) -> str:
     m, T = result["machine"], result["tokens"]
     lines = [f"# Verify cost: `{result['model']}` on {m['cpu']}", "",
              f"Measured {result['date']}: {m['cpu']} ({result['isa']}), {m['threads']} torch threads, torch "
-             f"{m['torch']}; {result['context']} cached tokens, best of {result['repeats']} per point; load average "
+             f"{m['torch']}; {result['context']} cached tokens, best of {result['repeats']} per point, each path and "
+             f"precision loaded in a process of its own; load average "
              f"{result['load_average']['before'][0]} before, {result['load_average']['after'][0]} after.", "",
              f"Bandwidth line: weight bytes / {result['bandwidth']['value'] / 1e9:.1f} GB/s "
              f"({result['bandwidth']['source']}). Compute line: FLOPs of T tokens / "
              + ", ".join(f"{p} {v['value'] / 1e9:.0f} GFLOP/s" for p, v in result["matmul_flops"].items())
-             + " (a 2048³ matmul).", "",
+             + " (a 2048³ matmul); the quantized precisions' integer kernels have a peak of their own: no compute "
+             "line for them.", "",
              "| path | precision | t(1) ms | " + " | ".join(f"t({t})/t(1)" for t in T[1:])
              + " | bandwidth line ms | t(1) / bandwidth line |",
              "|---|---|---|" + "---|" * (len(T) - 1) + "---|---|"]
@@ -135,7 +158,7 @@ def plot(result: dict, path: Path | None = None, ax=None):
     for precision in dict.fromkeys(r["precision"] for r in result["rows"] if "times_s" in r):
         r = next(x for x in result["rows"] if x["precision"] == precision and "times_s" in x)
         bw = r["bandwidth_line_s"] * 1e3
-        if r["compute_line_s"] is None:                 # llama.cpp's quantised kernels: no compute line drawn
+        if r["compute_line_s"] is None:                 # quantised kernels (labkit's, llama.cpp's): no compute line
             ax.axhline(bw, color="tab:red", lw=2.5, alpha=0.25, label=f"{precision}: bandwidth line")
             continue
         roof = [max(bw, r["compute_line_s"][str(t)] * 1e3) for t in T]
