@@ -20,7 +20,7 @@ path (kernels/cpu/int4.cpp: groups of 32 weights with an fp16 scale and minimum,
 integer dot products, batch invariant, so its cost stays nearly flat from 1 to 8 rows and a k-token
 verify gives the bits of k one-token steps) and torch's weight-only int4 kernel elsewhere. A
 quantized model is a model of its own: speculative decoding reproduces that model's plain decoding,
-not the bf16 one's (its quality against bf16: `python -m labkit quality`). `labkit.models.calibrate` picks the path on each machine; `load_model(backend=...)`,
+not the bf16 one's (its quality against bf16: scripts/precision_quality.py). `labkit.models.calibrate` picks the path on each machine; `load_model(backend=...)`,
 `--backend` and `--draft-precision` override it.
 """
 from __future__ import annotations
