@@ -107,6 +107,17 @@ def test_llama_cpp_methods_only_where_it_is_built(tmp_path, monkeypatch):
     assert "llama-cpp" not in default_methods("some/hub-model"), "llama.cpp reads the presets' GGUF files"
 
 
+def test_a_quantized_target_runs_without_transformers_peers(tmp_path):
+    """transformers has no labkit int4/int8 model: the default methods leave its peers out, and asking is refused."""
+    quantized = default_methods("qwen2.5-coder-1.5b-instruct", "int4")
+    assert "ar" in quantized and "draft" in quantized and not any(m.startswith("hf-") for m in quantized)
+    assert "hf-generate" in default_methods("qwen2.5-coder-1.5b-instruct", "bf16")
+    assert BenchConfig("data/questions/tiny.jsonl", str(tmp_path), dtype="int4").methods == \
+        check_methods(default_methods("qwen2.5-coder-1.5b-instruct", "int4"))
+    with pytest.raises(ValueError, match="hf-generate, hf-assisted run transformers' model.*--dtype int8"):
+        BenchConfig("data/questions/tiny.jsonl", str(tmp_path), methods=["hf-assisted"], dtype="int8")
+
+
 def test_the_draft_with_another_tokenizer_runs_for_other_presets_only():
     qwen = default_methods("qwen2.5-coder-1.5b-instruct")
     assert {"cross-tokenizer", "hf-assisted-uag"} <= set(qwen)

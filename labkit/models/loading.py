@@ -129,8 +129,11 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "bf16", backend: st
                max_seq_len: int = 4096, device: str = "auto", progress: bool = True) -> LoadedModel:
     """A preset key (see hub.PRESETS), a local transformers directory, or a Hub id -> model + tokenizer.
 
-    dtype: the weights' precision, fp32 / bf16 / fp16, or int8 / int4 (weight-only, bf16
-    activations; labkit's Transformer on a CPU only: meant for draft models).
+    dtype: the weights' precision, fp32 / bf16 / fp16, or int8 / int4, quantized at load (labkit's
+    Transformer on a CPU only). int4 on the packed path runs labkit's 4-bit kernel (int8 activations,
+    batch invariant), elsewhere torch's weight-only kernels with bf16 activations. A quantized model
+    is a model of its own, as a draft or as a target: speculation on it reproduces its own plain
+    decoding (its distance from bf16: scripts/precision_quality.py).
     backend: auto (labkit's Transformer where it covers the architecture, else transformers),
     native, hf, or a forward path (reference / onednn / packed) to skip the calibration.
     device: auto (CUDA when torch sees a GPU, else the CPU), cpu or cuda.
