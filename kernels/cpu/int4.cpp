@@ -184,6 +184,8 @@ static void gemm(const int8_t* xq, const float* sx, const float* sxsum, int64_t 
 
 }  // namespace lk4
 
+torch::Tensor fp32_bias(const c10::optional<torch::Tensor>& bias, int64_t N, const char* op);   // linear.cpp
+
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor wp, torch::Tensor sp, int64_t N,
                           c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "int4_linear: x must be a contiguous (M, K) tensor");
@@ -195,13 +197,8 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor wp, torch::Tensor sp, i
               "int4_linear: the packed weight does not fit x's K=", K, " and N=", N);
   TORCH_CHECK(sp.scalar_type() == at::kHalf && sp.is_contiguous() && sp.numel() == n_blocks * K / lk4::GROUP * 2 * lk4::NBQ,
               "int4_linear: the packed scales do not fit x's K=", K, " and N=", N);
-  const float* b = nullptr;
-  torch::Tensor bias32;
-  if (bias.has_value() && bias->defined()) {
-    bias32 = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(bias32.numel() == N, "int4_linear: bias has ", bias32.numel(), " entries, expected ", N);
-    b = bias32.data_ptr<float>();
-  }
+  const torch::Tensor bias32 = fp32_bias(bias, N, "int4_linear");
+  const float* b = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
   const int64_t G = K / lk4::GROUP;

@@ -171,6 +171,14 @@ torch::Tensor pack_linear(torch::Tensor w) {
   return empty_on_huge_pages(blocks.sizes(), w.scalar_type()).copy_(blocks);
 }
 
+// A linear layer's optional bias as a contiguous fp32 (N) tensor (undefined where there is none), checked.
+torch::Tensor fp32_bias(const c10::optional<torch::Tensor>& bias, int64_t N, const char* op) {
+  if (!bias.has_value() || !bias->defined()) return torch::Tensor();
+  auto bias32 = bias->to(at::kFloat).contiguous();
+  TORCH_CHECK(bias32.numel() == N, op, ": bias has ", bias32.numel(), " entries, expected ", N);
+  return bias32;
+}
+
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor wp, int64_t N, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "packed_linear: x must be a contiguous (M, K) tensor");
   const int64_t M = x.size(0), K = x.size(1);
@@ -179,13 +187,8 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor wp, int64_t N, c10::o
               "packed_linear: x has K=", K, " but the packed weight does not fit it");
   TORCH_CHECK(x.scalar_type() == wp.scalar_type(), "packed_linear: x is ", x.scalar_type(),
               " but the weight was packed as ", wp.scalar_type());
-  const float* b = nullptr;
-  torch::Tensor bias32;
-  if (bias.has_value() && bias->defined()) {
-    bias32 = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(bias32.numel() == N, "packed_linear: bias has ", bias32.numel(), " entries, expected ", N);
-    b = bias32.data_ptr<float>();
-  }
+  const torch::Tensor bias32 = fp32_bias(bias, N, "packed_linear");
+  const float* b = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
   const bool out_bf16 = x.scalar_type() == at::kBFloat16;
