@@ -107,6 +107,8 @@ def test_int4_linear_is_batch_invariant_and_unpacks():
     alone = torch.cat([layer(x[i:i + 1]) for i in range(37)])
     assert torch.equal(together, alone)
     assert torch.equal(layer.weight, cpu.quantize_int4(linear.weight).dequantize().to(torch.bfloat16))
+    qw, back = cpu.quantize_int4(linear.weight[:517]), cpu.unpack_int4(*cpu.pack_int4(linear.weight[:517]), 517)
+    assert all(torch.equal(a, b) for a, b in zip(qw, back))              # 517 columns: a padded last block
     with pytest.raises(RuntimeError, match="multiple of 32, got 380"):
         cpu.int4_linear(rand(2, 380), layer.packed, layer.scales, 520)
 

@@ -258,6 +258,15 @@ def pack_int4(weight: torch.Tensor | Int4Weights) -> tuple[torch.Tensor, torch.T
     return load().on_huge_pages(packed), load().on_huge_pages(scales)
 
 
+def unpack_int4(packed: torch.Tensor, scales: torch.Tensor, n_out: int) -> Int4Weights:
+    """`pack_int4`'s output back to the Int4Weights of its first `n_out` columns (the inverse of the layout above)."""
+    n_blocks, groups = scales.shape[:2]
+    q = packed.view(n_blocks, -1, 1, 32)
+    q = torch.cat([q & 15, q >> 4], 2).view(n_blocks, -1, 2, 8, 4).permute(0, 2, 3, 1, 4)    # (Nb, 2, 8, K/4, 4)
+    scale, lo = (scales[:, :, i].transpose(1, 2).reshape(-1, groups)[:n_out] for i in (0, 1))
+    return Int4Weights(q.reshape(n_blocks * INT4_BLOCK, -1)[:n_out], scale, lo)
+
+
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, n_out: int,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) fp32 or bf16 -> (..., N) in x's dtype, with a weight packed by `pack_int4`."""

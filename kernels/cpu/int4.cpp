@@ -33,6 +33,9 @@
 #include <cmath>
 #include <vector>
 
+void store_block(float* acc, int64_t M, int64_t width, int64_t n0, int64_t cols, const float* bias, void* y,
+                 int64_t N, bool out_bf16);   // linear.cpp
+
 namespace lk4 {
 
 constexpr int NBQ = 16;           // output columns per packed block: two vectors of 8 int32 / fp32 lanes
@@ -166,18 +169,8 @@ static void gemm(const int8_t* xq, const float* sx, const float* sxsum, int64_t 
           m0 += rows;
         }
       }
-      const int64_t n0 = b * NBQ, cols = std::min<int64_t>(NBQ, N - n0);
-      for (int64_t m = 0; m < M; ++m) {
-        float* a = acc.data() + m * NBQ;
-        if (bias)
-          for (int64_t c = 0; c < cols; ++c) a[c] += bias[n0 + c];
-        if (out_bf16) {
-          at::BFloat16* out = (at::BFloat16*)y + m * N + n0;
-          for (int64_t c = 0; c < cols; ++c) out[c] = at::BFloat16(a[c]);
-        } else {
-          std::copy(a, a + cols, (float*)y + m * N + n0);
-        }
-      }
+      const int64_t n0 = b * NBQ;
+      store_block(acc.data(), M, NBQ, n0, std::min<int64_t>(NBQ, N - n0), bias, y, N, out_bf16);
     }
   });
 }

@@ -100,6 +100,30 @@ static void tile_rows(int rows, const void* x, int64_t ldx, const void* w, int64
   }
 }
 
+}  // namespace lk
+
+// A column block's accumulators acc (M rows x width fp32) + bias -> y[:, n0 : n0 + cols] (fp32 or bf16,
+// rounded to nearest even); shared by packed_linear and int4_linear.
+void store_block(float* acc, int64_t M, int64_t width, int64_t n0, int64_t cols, const float* bias, void* y,
+                 int64_t N, bool out_bf16) {
+  using namespace lk;
+  for (int64_t m = 0; m < M; ++m) {
+    float* a = acc + m * width;
+    if (bias)
+      for (int64_t c = 0; c < cols; ++c) a[c] += bias[n0 + c];
+    if (!out_bf16) {
+      std::copy(a, a + cols, (float*)y + m * N + n0);
+    } else if (cols % VL == 0) {
+      for (int64_t c = 0; c < cols; c += VL) vstore_bf16((uint16_t*)y + m * N + n0 + c, vload(a + c));
+    } else {
+      at::BFloat16* out = (at::BFloat16*)y + m * N + n0;
+      for (int64_t c = 0; c < cols; ++c) out[c] = at::BFloat16(a[c]);
+    }
+  }
+}
+
+namespace lk {
+
 // y (M, N) in x's dtype; x is fp32 (F32, BF16W) or bf16 pairs (BF16D); wp packed; bias fp32 (N) or null.
 template <int FMT>
 static void gemm(const void* x, int64_t M, int64_t K, const void* wp, int64_t N, const float* bias,
@@ -126,20 +150,8 @@ static void gemm(const void* x, int64_t M, int64_t K, const void* wp, int64_t N,
           m0 += rows;
         }
       }
-      const int64_t n0 = b * NBW, cols = std::min<int64_t>(NBW, N - n0);
-      for (int64_t m = 0; m < M; ++m) {
-        float* a = acc.data() + m * NBW;
-        if (bias)
-          for (int64_t c = 0; c < cols; ++c) a[c] += bias[n0 + c];
-        if (!out_bf16) {
-          std::copy(a, a + cols, (float*)y + m * N + n0);
-        } else if (cols == NBW) {
-          for (int j = 0; j < NV; ++j) vstore_bf16((uint16_t*)y + m * N + n0 + j * VL, vload(a + j * VL));
-        } else {
-          at::BFloat16* out = (at::BFloat16*)y + m * N + n0;
-          for (int64_t c = 0; c < cols; ++c) out[c] = at::BFloat16(a[c]);
-        }
-      }
+      const int64_t n0 = b * NBW;
+      store_block(acc.data(), M, NBW, n0, std::min<int64_t>(NBW, N - n0), bias, y, N, out_bf16);
     }
   });
 }

@@ -256,11 +256,7 @@ class PackedInt4Linear(nn.Module):
     def weight(self) -> torch.Tensor:
         """The (N, K) weight the 4 bits stand for (a bf16 copy, for code that reads it once)."""
         from kernels import cpu
-        nb, g = self.scales.shape[0], self.scales.shape[1]
-        q = self.packed.view(nb, -1, 1, 32)
-        q = torch.cat([q & 15, q >> 4], 2).view(nb, -1, 2, 8, 4).permute(0, 2, 3, 1, 4).reshape(nb * 16, -1)
-        scale, lo = (self.scales[:, :, i].transpose(1, 2).reshape(nb * 16, g) for i in (0, 1))
-        return cpu.Int4Weights(q, scale, lo).dequantize()[: self.out_features].to(torch.bfloat16)
+        return cpu.unpack_int4(self.packed, self.scales, self.out_features).dequantize().to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from kernels import cpu
