@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -49,19 +50,30 @@ from labkit.bench.report import ideal_speedup  # noqa: E402
 from labkit.bench.runner import load_recorded_steps  # noqa: E402
 from labkit.bench.writer import markdown_table, subplots, write_outputs  # noqa: E402
 from labkit.decoding.compiled import CompiledSpeculativeDecoder, bucket  # noqa: E402
-from labkit.decoding.static import StaticDecoder  # noqa: E402
-from labkit.drafters.replay import PacedDrafter, ReplayDrafter  # noqa: E402
+from labkit.decoding.compiled_tree import CompiledTreeDecoder, tree_bucket  # noqa: E402
+from labkit.decoding.static import StaticDecoder, capture_graph  # noqa: E402
+from labkit.drafters.eagle import EagleConfig  # noqa: E402
+from labkit.drafters.eagle3 import Eagle3Head  # noqa: E402
+from labkit.drafters.medusa import MedusaDrafter, MedusaHeads, medusa_tree  # noqa: E402
+from labkit.drafters.replay import CostOnly, PacedDrafter, ReplayDrafter, ReplayTreeDrafter  # noqa: E402
 from labkit.hw import SHAPES, decode_cost, describe, verify_cost  # noqa: E402
 from labkit.models.transformer import ModelArgs, Transformer  # noqa: E402
 
-TESTS = ["tests/test_compiled_speculative.py", "tests/test_static_decode.py"]
-REPLAYS = {"lookup": ("data/bench/code_edit/results.jsonl", "lookup"),               # zero draft cost
-           "draft": ("data/bench/all_drafters/results.jsonl", "draft-cost-aware")}   # the draft model's
+TESTS = ["tests/test_compiled_speculative.py", "tests/test_compiled_tree.py", "tests/test_static_decode.py"]
+# key: (results.jsonl, method, category or None, tree); chains are cut to 8 draft tokens, trees to 64 nodes
+REPLAYS = {"lookup": ("data/bench/code_edit/results.jsonl", "lookup", None, False),             # zero draft cost
+           "draft": ("data/bench/all_drafters/results.jsonl", "draft-cost-aware", None, False),  # the draft model's
+           "medusa": ("data/bench/eagle3_trees/results.jsonl", "medusa", "coding", True),        # Medusa's heads'
+           "eagle3": ("data/bench/eagle3_trees/results.jsonl", "eagle3-tree", "coding", True)}   # an EAGLE-3 head's
+HEADS = ROOT / "data" / "heads"
 PAIRS = {"1.5b": ("qwen2.5-1.5b + 0.5b draft", SHAPES["qwen2.5-1.5b"], SHAPES["qwen2.5-0.5b"]),
          "7b": ("llama-2-7b + 0.5b draft (vocab 32000)", SHAPES["llama-2-7b"],
                 replace(SHAPES["qwen2.5-0.5b"], vocab_size=32000, max_seq_len=4096))}
 MODES = {"graphs": {"label": "CUDA graphs", "static": dict(compile=False, cuda_graph=True)},
+         "blocks": {"label": "torch.compile per block + CUDA graphs", "trees": True,
+                    "static": dict(compile="blocks", cuda_graph=True)},
          "compile": {"label": "torch.compile + CUDA graphs", "static": dict(compile=True, cuda_graph=True)}}
+MAX_TREE = 64                       # Medusa's static tree: its 64 best paths (a budget takes its first nodes)
 SMOKE_ARGS = ModelArgs(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, qkv_bias=True,
                        tie_embeddings=True, max_seq_len=512)
 
@@ -145,20 +157,28 @@ def decode_rate(gen, first_from_prefill: bool) -> float:
 
 
 def spec_row(label: str, gen, drafter: ReplayDrafter, continuation: list[int], ar: dict, target_args, draft_args,
-             context: int, peak: float | None, **extra) -> dict:
-    """A speculative run's numbers beside the compiled AR baseline of its pair and mode."""
+             context: int, peak: float | None, tree: bool = False, full: int = 8, **extra) -> dict:
+    """A speculative run's numbers beside the compiled AR baseline of its pair and mode (a tree run's: tree=True,
+    `full` nodes asked a step)."""
     steps = gen.trace.steps
     rate = decode_rate(gen, first_from_prefill=False)
     as_lists = [[s.gamma, s.n_accepted, int(s.bonus), s.draft_time, s.verify_time] for s in steps]
-    predicted = ideal_speedup(as_lists, [[0, 0, 1, 0.0, ar["step_s"]]])
-    nbytes = sum(verify_cost(target_args, bucket(s.gamma), context).bytes for s in steps)      # the padded widths
+    # predicted from the replayed steps themselves: tokens committed per AR step's worth of measured drafting and
+    # verifying (the tree analogue of Leviathan's formula, and his formula's own value for i.i.d. acceptance at a
+    # fixed γ); his closed form at the mean acceptance rate and the mean γ is given beside it: for a drafter whose
+    # γ varies from step to step (lookup: 1-8) and whose acceptance comes in runs, it predicts other tokens a step
+    predicted = ideal_speedup(as_lists, [[0, 0, 1, 0.0, ar["step_s"]]], tree=True)
+    closed_form = None if tree else ideal_speedup(as_lists, [[0, 0, 1, 0.0, ar["step_s"]]])
+    width = tree_bucket if tree else bucket
+    nbytes = sum(verify_cost(target_args, width(max(1, s.gamma)), context).bytes for s in steps)   # padded widths
     if draft_args is not None:                      # about one draft forward per draft token (catch-ups included)
         nbytes += sum(s.gamma for s in steps) * decode_cost(draft_args, context).bytes
     drafted = [s for s in steps if s.gamma]
     # the recording, cycled, against what ran, up to the steps whose draft max_new_tokens cut short (the last few)
-    replayed = [(s.gamma, s.n_accepted) for s in steps if s.asked == 8]
+    replayed = [(s.gamma, s.n_accepted) for s in steps if s.asked == full]
     recorded = (drafter.recorded * (len(steps) // len(drafter.recorded) + 1))[:len(replayed)]
     row = {"method": label, "tokens_per_s": rate, "speedup": rate / ar["tokens_per_s"], "predicted_speedup": predicted,
+           "leviathan_closed_form_speedup": closed_form,
            "measured_over_predicted": rate / ar["tokens_per_s"] / predicted if predicted else None,
            "tokens_per_step": gen.trace.tokens_per_forward, "acceptance_rate": gen.trace.acceptance_rate,
            "replay_equals_recorded": replayed == recorded,
@@ -187,7 +207,8 @@ def replay_drafter(key: str, result: dict, continuation: list[int], target: Tran
 def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, prompt: torch.Tensor, new: int,
                result: dict, budget: Budget, peak: float | None) -> tuple[dict, list[int]]:
     """Compiled AR, then compiled speculation with each replay, in one mode; (the AR row, the AR's tokens)."""
-    max_len, compiling = prompt.numel() + new + 8, mode["static"].get("compile", False)
+    max_len, compiling = prompt.numel() + new + 8, bool(mode["static"].get("compile", False))
+    per_shape = result["per_shape_compile_s"]
     rows = []
     result["runs"].append({"pair": name, "mode": mode["label"], "prompt_len": prompt.numel(), "new_tokens": new,
                            "rows": rows})
@@ -208,14 +229,14 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
     print(f"  compiled AR: {rate:.0f} tok/s, warm-up (compile/capture) {compile_s:.1f} s", flush=True)
     del ar_dec
     if compiling:                          # what one compiled shape of this pair costs: the estimate for the rest
-        result["per_shape_compile_s"] = compile_s
+        per_shape[mode["label"]] = compile_s
     # 2. compiled speculation, replaying each recorded acceptance; one decoder, so the second drafter reuses the
     #    verify shapes the first compiled
     compiled, dec = set(), None
     for key, draft_model in (("lookup", None), ("draft", draft)):
         recorded = result["recorded"][key]["steps"]
         shapes = {("verify", bucket(g)) for g, _ in recorded} | ({("draft", 1), ("draft", 2)} if draft_model else set())
-        need = len(shapes - compiled) * result["per_shape_compile_s"] + 20 if compiling else 20
+        need = len(shapes - compiled) * per_shape.get(mode["label"], 40.0) + 20 if compiling else 20
         if not budget.allows(need, f"{name}, {mode['label']}, replay {key}"):
             continue
         compiled |= shapes
@@ -227,6 +248,7 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
             else:
                 dec.use_drafter(drafter)
             dec.warmup(g for g, _ in recorded)
+            dec.generate(prompt, 16, gamma=8)      # a first run's eager glue (acceptance, commit) loads its kernels
             compile_s = time.perf_counter() - t0
             gen, util = sample(partial(dec.generate, prompt, new, gamma=8), key)
             label = (f"compiled speculation ({mode['label']}), replayed {result['recorded'][key]['method']} "
@@ -235,7 +257,84 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
                                  None if draft_model is None else draft_model.args, max_len, peak,
                                  replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util))
     del dec
+    if mode.get("trees"):
+        bench_trees(name, target, mode, prompt, new, continuation, ar, result, budget, peak, rows)
     return ar, continuation
+
+
+def eagle3_cost(target: Transformer, context: int, top_k: int = 8, depth: int = 6):
+    """What an EAGLE-3 head's drafting costs at its real shape (data/heads/eagle3-*: one layer, the fusion of three
+    target blocks, an 11,863-token readout), as EAGLE-2's dynamic tree drafts: a catch-up on the last committed
+    pairs, then `depth` - 1 forwards of the `top_k` best nodes, each read out and ranked. Recorded once as a CUDA
+    graph on a GPU (what a compiled drafter would run); returns the no-argument call that replays it."""
+    config = json.loads(next(HEADS.glob("eagle3-*/config.json")).read_text())
+    fields = {f: config[f] for f in ("dim", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "norm_eps",
+                                     "rope_theta", "layers")}
+    dev, dtype = target.device, target.embed_tokens.weight.dtype
+    cfg = replace(EagleConfig(**fields), dim=target.args.dim)
+    head = Eagle3Head(cfg, target.vocab_size, max_seq_len=context + 64).to(dev, dtype).eval().requires_grad_(False)
+    rows = target.lm_head.weight[:config["draft_vocab_size"]].clone()              # (Vd, D) the sliced LM head
+    cache = head.new_cache(context + 64)
+    D = target.args.dim
+    features = torch.randn(1, 3, 3 * D, device=dev, dtype=dtype)                 # the last committed pairs' taps
+    embeds = torch.randn(1, 3, D, device=dev, dtype=dtype)
+    layer_embeds = torch.randn(1, top_k, D, device=dev, dtype=dtype)
+
+    def draft():
+        cache.truncate(0)
+        cache.advance(context - 3)                                               # the committed pairs so far
+        out = head(head.context(features), embeds, cache)[:, -1:]                # (1, 1, D)
+        f = out.expand(1, top_k, D)
+        for _ in range(depth - 1):
+            out = head(f, layer_embeds, cache)                                   # (1, k, D)
+            logp = torch.nn.functional.linear(head.readout_input(out), rows).float().log_softmax(-1)
+            f = out.gather(1, logp.max(-1).values.topk(top_k, dim=-1).indices[..., None].expand(1, top_k, D))
+        return f
+
+    if dev.type != "cuda":
+        return draft
+    graph, _ = capture_graph(draft, warmups=2)
+    return graph.replay
+
+
+def bench_trees(name: str, target: Transformer, mode: dict, prompt: torch.Tensor, new: int, continuation: list[int],
+                ar: dict, result: dict, budget: Budget, peak: float | None, rows: list) -> None:
+    """Compiled tree speculation replaying Medusa's and EAGLE-3's coding acceptance, each paced by its head's real
+    cost: Medusa's four heads on the target's LM head (MedusaDrafter itself, random weights), EAGLE-3's drafting
+    forwards (eagle3_cost). One decoder: the second reuses the verify shape the first compiled."""
+    max_len, dec = prompt.numel() + new + 64, None
+    for key in ("medusa", "eagle3"):
+        recorded = result["recorded"][key]["steps"]
+        full = max(g for g, _ in recorded)
+        need = (per_shape_s := result["per_shape_compile_s"].get(mode["label"], 40.0)) + 30
+        if not budget.allows(need if dec is None else 30, f"{name}, {mode['label']}, tree replay {key}"):
+            continue
+        with phase(result, f"{name}, {mode['label']}, tree replay {key}"):
+            replay = ReplayTreeDrafter(continuation, recorded, target.vocab_size, depth=6)
+            t0 = time.perf_counter()
+            if key == "medusa":
+                config = json.loads(next(HEADS.glob("medusa-*/config.json")).read_text())
+                heads = MedusaHeads(target.lm_head, config["n_heads"]).to(target.device)
+                paced_by = MedusaDrafter(heads, medusa_tree(torch.tensor(config["topk_accuracy"]), MAX_TREE))
+            else:
+                paced_by = CostOnly(eagle3_cost(target, max_len), "eagle3-head")
+            drafter = PacedDrafter(replay, paced_by)
+            if dec is None:
+                dec = CompiledTreeDecoder(target, drafter, max_len, **mode["static"])
+            else:
+                dec.use_drafter(drafter)
+            dec.warmup([full])
+            dec.generate(prompt, 16, budget=full)  # a first run's eager glue (acceptance, commit) loads its kernels
+            compile_s = time.perf_counter() - t0
+            sample = timed if target.device.type == "cuda" else (lambda fn, label: (fn(), None))
+            gen, util = sample(partial(dec.generate, prompt, new, budget=full), key)
+            label = (f"compiled tree speculation ({mode['label']}), replayed {result['recorded'][key]['method']} "
+                     f"coding acceptance, {full}-node trees, "
+                     + ("the Medusa heads' real cost" if key == "medusa" else "the EAGLE-3 head's real cost"))
+            rows.append(spec_row(label, gen, replay, continuation, ar, target.args, None, max_len, peak, tree=True,
+                                 full=full, replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util,
+                                 per_shape_estimate_s=per_shape_s))
+    del dec
 
 
 def bench_eager(name: str, target: Transformer, draft: Transformer, prompt: torch.Tensor, new: int,
@@ -259,6 +358,51 @@ def bench_eager(name: str, target: Transformer, draft: Transformer, prompt: torc
                                  replay=key))
 
 
+def bench_transformers(name: str, target_args: ModelArgs, prompt: torch.Tensor, new: int, ar: dict, result: dict,
+                       budget: Budget, peak: float | None) -> None:
+    """transformers' `generate` with `cache_implementation="static"` (it compiles the forward and records CUDA
+    graphs itself) on a model of the same shape, random weights, greedy, exactly `new` tokens."""
+    if importlib.util.find_spec("transformers") is None:
+        result["skipped"].append(f"{name}: transformers is not installed here")
+        return
+    if not budget.allows(150, f"{name}, transformers static-cache generate"):
+        return
+    import transformers
+    a = target_args
+    kind = transformers.Qwen2Config if a.qkv_bias else transformers.LlamaConfig
+    config = kind(vocab_size=a.vocab_size, hidden_size=a.dim, intermediate_size=a.hidden_dim,
+                  num_hidden_layers=a.n_layers, num_attention_heads=a.n_heads, num_key_value_heads=a.n_kv_heads,
+                  max_position_embeddings=a.max_seq_len, rope_theta=a.rope_theta, rms_norm_eps=a.norm_eps,
+                  tie_word_embeddings=a.tie_embeddings)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16).eval()
+    ids = prompt[None].cuda()
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, cache_implementation="static",
+              pad_token_id=0)
+    t0 = time.perf_counter()
+    model.generate(ids, **kw)                                       # compiles and records its graphs
+    compile_s = time.perf_counter() - t0
+
+    def run():
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = model.generate(ids, **kw)
+        torch.cuda.synchronize()
+        return out, time.perf_counter() - t
+    (out, seconds), util = timed(run, "transformers")
+    n = out.shape[1] - ids.shape[1]
+    rate = n / seconds
+    row = {"replay": "transformers", "method": f"transformers {transformers.__version__} generate, cache_implementation='static' (end to end, "
+                     "prefill included)", "tokens_per_s": rate, "speedup": rate / ar["tokens_per_s"],
+           "compile_s": compile_s, "nvml_dram_bw_util_pct": util, "new_tokens": n,
+           "achieved_bandwidth": decode_cost(target_args, prompt.numel() + new).bytes * rate}
+    row["fraction_of_peak"] = row["achieved_bandwidth"] / peak if peak else None
+    result["runs"].append({"pair": name, "mode": "transformers", "prompt_len": prompt.numel(), "new_tokens": new,
+                           "rows": [row]})
+    print(f"  transformers static-cache generate: {rate:.0f} tok/s ({row['speedup']:.2f}x labkit's fastest compiled "
+          f"AR), warm-up {compile_s:.0f} s", flush=True)
+
+
 def markdown(result: dict) -> str:
     d = result["device"]
     lines = [f"# Compiled speculation on {d['name']} ({result['date']}, {result['torch']})", "",
@@ -266,7 +410,9 @@ def markdown(result: dict) -> str:
              "proposes the "
              "target's own continuation up to the length a real drafter got accepted on the real pair (recorded on a "
              "CPU), then a wrong token (labkit/drafters/replay.py). Speedups are over compiled greedy decoding in the "
-             "same mode; predicted: Leviathan's formula for the replayed acceptance and the measured costs.", "",
+             "same mode; predicted: the replayed steps' committed tokens per AR step's worth of their measured drafting and "
+             "verifying (Leviathan's expected speedup, step by step; the tree analogue for trees); his closed form "
+             "at the mean acceptance rate and mean γ beside it (it assumes i.i.d. acceptance at a fixed γ).", "",
              f"Tests ({' '.join(TESTS)}, -k cuda): {result['tests'].get('summary', 'not run')}", ""]
     for key, rec in result["recorded"].items():
         lines.append(f"- replay `{key}`: {rec['method']} from {rec['source']}: {rec['tokens_per_step']:.2f} tokens a "
@@ -276,6 +422,7 @@ def markdown(result: dict) -> str:
     lines += [""] + markdown_table(rows, {
         "pair": "{pair}", "mode": "{mode}", "method": "{method}", "tokens/s": "{tokens_per_s:.0f}",
         "speedup": "{speedup:.2f}x", "predicted": opt("predicted_speedup", "{:.2f}x"),
+        "Leviathan closed form": opt("leviathan_closed_form_speedup", "{:.2f}x"),
         "measured/predicted": opt("measured_over_predicted", "{:.2f}"), "tokens/step": opt("tokens_per_step", "{:.2f}"),
         "draft ms/token": opt("draft_ms_per_token", "{:.2f}"), "verify ms": opt("verify_ms", "{:.2f}"),
         "% of peak HBM": lambda r: f"{100 * r['fraction_of_peak']:.0f}" if r.get("fraction_of_peak") else "n/a",
@@ -292,7 +439,7 @@ def plot(result: dict):
     fig, axes = subplots(1, len(runs), figsize=(4.5 * len(runs), 4), squeeze=False)
     for ax, run in zip(axes[0], runs):
         vals = [r["tokens_per_s"] for r in run["rows"]]
-        colors = {"AR": "C7", "lookup": "C2", "draft": "C1"}
+        colors = {"AR": "C7", "lookup": "C2", "draft": "C1", "medusa": "C4", "eagle3": "C3", "transformers": "C0"}
         bars = ax.bar(range(len(vals)), vals, color=[colors[r.get("replay", "AR")] for r in run["rows"]])
         for b, r in zip(bars, run["rows"]):
             ax.annotate(f"{r['speedup']:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
@@ -321,7 +468,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, steps traced, no tests or graphs")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--pairs", default="1.5b,7b", help="which target shapes, in order: 1.5b (Qwen2.5), 7b (Llama-2)")
-    ap.add_argument("--modes", default="graphs,compile", help="graphs (eager kernels), compile (inductor), in order")
+    ap.add_argument("--modes", default="graphs,blocks",
+                    help="graphs (eager kernels), blocks (inductor, a block at a time), compile (inductor, the whole "
+                         "forward), in order")
+    ap.add_argument("--peers", default="transformers", help="'transformers' (static-cache generate), or ''")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench"))
     args = ap.parse_args(argv)
     unknown = sorted(set(args.pairs.split(",")) - set(PAIRS) | set(args.modes.split(",")) - set(MODES))
@@ -343,16 +493,17 @@ def main(argv=None) -> dict:
               "dtype": "float32 (smoke: tiny shapes)" if args.smoke else "bf16",
               "label": "replayed acceptance", "tests": {}, "recorded": {}, "runs": [], "skipped": budget.skipped,
               "errors": [],
-              "per_shape_compile_s": 40.0}          # a first guess, replaced by the first compile measured
-    for key, (source, method) in REPLAYS.items():
-        steps = load_recorded_steps(ROOT / source, method, max_gamma=8)
+              "per_shape_compile_s": {}}            # per mode, the first compile measured (a guess of 40 s before)
+    for key, (source, method, category, tree) in REPLAYS.items():
+        steps = load_recorded_steps(ROOT / source, method, max_gamma=MAX_TREE if tree else 8, category=category)
         accepted, proposed = sum(n for _, n in steps), sum(g for g, _ in steps)
-        result["recorded"][key] = {"source": source, "method": method, "steps": steps,
+        result["recorded"][key] = {"source": source, "method": method, "category": category, "steps": steps,
                                    "tokens_per_step": (accepted + len(steps)) / len(steps),
                                    "acceptance_rate": accepted / max(1, proposed)}
     if args.smoke:
         dtype, pairs = torch.float32, [("smoke", SMOKE_ARGS, replace(SMOKE_ARGS, n_layers=1))]
-        modes = [{"label": "static, traced (smoke)", "static": dict(compile=True, compile_backend="eager")}]
+        modes = [{"label": "static, traced a block at a time (smoke)", "trees": True,
+                  "static": dict(compile="blocks", compile_backend="eager")}]
     else:
         dtype = torch.bfloat16
         pairs = [PAIRS[p] for p in args.pairs.split(",")]
@@ -362,6 +513,7 @@ def main(argv=None) -> dict:
         result["tests"] = run_tests(min(args.test_seconds, budget.left() - 60))
         write(result, out)
     # 2. timing: pairs x modes, the cheapest first, each only if it fits what is left
+    first = None
     for i, (name, target_args, draft_args) in enumerate(pairs):
         if not budget.allows(60, f"{name}: every mode"):
             continue
@@ -371,13 +523,15 @@ def main(argv=None) -> dict:
         fastest_ar = None
         for mode in modes:
             # graphs alone capture in seconds; a compiled mode compiles its AR step, then each replay's shapes
-            need = 2 * result["per_shape_compile_s"] + 30 if mode["static"].get("compile") and not args.smoke else 30
+            guess = 40.0 if mode["static"].get("compile") is True else 10.0
+            need = 2 * result["per_shape_compile_s"].get(mode["label"], guess) + 30 \
+                if mode["static"].get("compile") and not args.smoke else 30
             if not budget.allows(need, f"{name}, {mode['label']}"):
                 continue
             print(f"[bench] {name}, {mode['label']} ({budget.left():.0f} s left)", flush=True)
             with phase(result, f"{name}, {mode['label']}"):
-                ar, continuation = bench_mode(name, target, draft, mode, prompt, args.new_tokens, result, budget,
-                                              peak_bw)
+                ar, continuation = bench_mode(name, target, draft, {**mode, "trees": mode.get("trees") and i == 0},
+                                              prompt, args.new_tokens, result, budget, peak_bw)
                 if fastest_ar is None or ar["tokens_per_s"] > fastest_ar["tokens_per_s"]:
                     fastest_ar = ar
             result["seconds"] = time.perf_counter() - t_start
@@ -387,12 +541,20 @@ def main(argv=None) -> dict:
             with phase(result, f"{name}, eager loop"):
                 bench_eager(name, target, draft, prompt, args.new_tokens, continuation, fastest_ar, result, budget,
                             peak_bw)
+        if i == 0 and fastest_ar is not None:
+            first = (name, target_args, prompt, fastest_ar)
         del target, draft
         torch._dynamo.reset()                                   # the compiled code and graphs of this pair's models
         if device == "cuda":
             torch.cuda.empty_cache()
         result["seconds"] = time.perf_counter() - t_start
         write(result, out)
+    # 3. transformers' own compiled decoding on the first pair's target shape, last: it compiles for minutes
+    if first is not None and not args.smoke and "transformers" in args.peers:
+        name, target_args, prompt, fastest_ar = first
+        print(f"[bench] {name}, transformers ({budget.left():.0f} s left)", flush=True)
+        with phase(result, f"{name}, transformers static-cache generate"):
+            bench_transformers(name, target_args, prompt, args.new_tokens, fastest_ar, result, budget, peak_bw)
     result["seconds"] = time.perf_counter() - t_start
     write(result, out)
     print(markdown(result), flush=True)

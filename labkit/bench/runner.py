@@ -103,11 +103,14 @@ def read_results(path: Path) -> list[dict]:
     return records
 
 
-def load_recorded_steps(results: str | Path, method: str, max_gamma: int | None = None) -> list[tuple[int, int]]:
-    """Every step (γ, n_accepted) of `method`'s runs in a benchmark's results.jsonl, question after question.
+def load_recorded_steps(results: str | Path, method: str, max_gamma: int | None = None,
+                        category: str | None = None) -> list[tuple[int, int]]:
+    """Every step (γ, n_accepted) of `method`'s runs in a benchmark's results.jsonl, question after question
+    (only `category`'s questions, when given).
 
-    A step's record is [γ, n_accepted, bonus, draft s, verify s] (labkit.bench.runner). With `max_gamma`, longer
-    drafts are cut to it (n_accepted too): what a verify of at most max_gamma draft tokens would have kept.
+    A step's record is [γ, n_accepted, bonus, draft s, verify s] (labkit.bench.runner); a tree method's γ is its
+    node count. With `max_gamma`, longer drafts are cut to it (n_accepted too): what a verify of at most
+    max_gamma draft tokens would have kept.
     """
     path = Path(results)
     if not path.is_file():
@@ -118,14 +121,15 @@ def load_recorded_steps(results: str | Path, method: str, max_gamma: int | None 
         if "method" not in record:
             continue                                   # a run's meta line
         methods.add(record["method"])
-        if record["method"] != method or not record.get("steps"):
+        if record["method"] != method or not record.get("steps") or category not in (None, record.get("category")):
             continue
         recorded = json.loads(record["steps"]) if isinstance(record["steps"], str) else record["steps"]
         for gamma, n, *_ in recorded:
             cap = gamma if max_gamma is None else min(gamma, max_gamma)
             steps.append((int(cap), int(min(n, cap))))
     if not steps:
-        raise ValueError(f"{path} holds no steps of method {method!r}; its methods: {sorted(methods)}")
+        raise ValueError(f"{path} holds no steps of method {method!r}" + (f" in category {category!r}" if category else "")
+                         + f"; its methods: {sorted(methods)}")
     return steps
 
 

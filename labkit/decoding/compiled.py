@@ -37,7 +37,7 @@ from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.replay import PacedDrafter
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
-from .static import StaticKVCache, capture_graph, static_forward
+from .static import StaticKVCache, capture_graph, compiled, static_forward
 
 BUCKETS = (1, 2, 4, 8)      # draft lengths the verify forward is compiled for; K pads up to the next one
 MAX_GAMMA = BUCKETS[-1]
@@ -49,35 +49,42 @@ def bucket(k: int) -> int:
 
 
 class FixedShapeStep:
-    """`static_forward` over T tokens at T slots, both buffers filled in place: one shape, so torch.compile traces
-    it once and a CUDA graph records it once. Fill `tokens` (1, T), call `at(first_slot)`, then call it."""
+    """`static_forward` over T tokens at T slots, every input a buffer filled in place: one shape, so torch.compile
+    traces it once and a CUDA graph records it once. Fill `tokens` (1, T), call `at(first_slot)`, then call it.
 
-    def __init__(self, model: Transformer, cache: StaticKVCache, width: int, compile: bool, cuda_graph: bool,
-                 compile_backend: str, compile_options: dict | None):
+    tree=True: the positions (T,) and the mask (T, max_len) are buffers too (a tree's depths and ancestors, filled
+    by the caller), and a call returns (hidden (1, T, D), logits (1, T, V)).
+    """
+
+    def __init__(self, model: Transformer, cache: StaticKVCache, width: int, compile: bool | str, cuda_graph: bool,
+                 compile_backend: str, compile_options: dict | None, tree: bool = False):
         device = model.device
         self.cache, self.cuda_graph = cache, cuda_graph
         self.tokens = torch.zeros(1, width, dtype=torch.long, device=device)     # (1, T) valid ids, always
         self.slots = torch.arange(width, device=device)                          # (T,) where they are written
         self.ramp = torch.arange(width, device=device)                           # (T,) 0, 1, ..., T-1
-        forward = lambda: static_forward(model, cache, self.tokens)              # noqa: E731
-        # dynamic=False: each width is its own static graph (dynamo would otherwise generalise the second width)
-        self.forward = torch.compile(forward, backend=compile_backend, fullgraph=True, dynamic=False,
-                                     options=compile_options) if compile else forward
-        self.graph, self.logits = None, None
+        self.positions = self.mask = None
+        if tree:
+            self.positions = torch.arange(width, device=device)                  # (T,)
+            self.mask = torch.ones(width, cache.max_len, dtype=torch.bool, device=device)  # (T, max_len)
+        self.forward = compiled(lambda run_block: static_forward(model, cache, self.tokens, self.positions, self.mask,
+                                                                 run_block, hidden=tree),
+                                compile, compile_backend, compile_options)
+        self.graph, self.out = None, None
 
     def at(self, first_slot: int) -> None:
         """Slots first_slot, ..., first_slot + T - 1 (written on the device: no host sync)."""
         torch.add(self.ramp, first_slot, out=self.slots)
 
-    def __call__(self) -> torch.Tensor:
+    def __call__(self):
         """Logits (1, T, V) of `tokens`, their keys and values written at `slots`; a graph refills its output."""
         self.cache.slots = self.slots          # the slot tensor this shape's compiled code and graph read
         if not self.cuda_graph:
             return self.forward()
         if self.graph is None:                 # compile and record now (warm-up writes these slots again: harmless)
-            self.graph, self.logits = capture_graph(self.forward, warmups=3)
+            self.graph, self.out = capture_graph(self.forward, warmups=3)
         self.graph.replay()
-        return self.logits
+        return self.out
 
 
 def sample_without_sync(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -152,11 +159,11 @@ class StaticDraft:
     them, after catching up on the committed tokens it has not read (1 after a rejection, 2 after a full accept:
     the last draft token, never fed, and the bonus; more after plain steps, two at a time)."""
 
-    def __init__(self, model: Transformer, max_len: int, **compiled):
+    def __init__(self, model: Transformer, max_len: int, **how):
         a, p = model.args, model.embed_tokens.weight
         self.model = model
         self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
-        self.steps = {t: FixedShapeStep(model, self.cache, t, **compiled) for t in (1, 2)}
+        self.steps = {t: FixedShapeStep(model, self.cache, t, **how) for t in (1, 2)}
 
     def warmup(self) -> None:
         for step in self.steps.values():
@@ -218,7 +225,7 @@ class CompiledSpeculativeDecoder(Decoder):
     prompt + max_new_tokens + 8 (the verify's padding writes up to 8 slots past the last token).
     """
 
-    def __init__(self, model: Transformer, drafter: Drafter, max_len: int, compile: bool = False,
+    def __init__(self, model: Transformer, drafter: Drafter, max_len: int, compile: bool | str = False,
                  cuda_graph: bool = False, compile_backend: str = "inductor", compile_options: dict | None = None):
         if not isinstance(model, Transformer):
             raise ValueError(f"the compiled loop runs labkit's own Transformer (static cache, fixed shapes), got "
@@ -226,8 +233,6 @@ class CompiledSpeculativeDecoder(Decoder):
         if cuda_graph and model.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on "
                              f"{model.device.type}")
-        if compile_options and not compile:
-            raise ValueError("compile_options only apply to compiled steps: pass compile=True with them")
         if isinstance(max_len, bool) or not isinstance(max_len, int) or not MAX_GAMMA + 2 <= max_len:
             raise ValueError(f"max_len must be an integer >= {MAX_GAMMA + 2} (the static caches' slots), "
                              f"got {max_len!r}")
@@ -251,12 +256,13 @@ class CompiledSpeculativeDecoder(Decoder):
             raise ValueError("the compiled draft reads the whole context and drafts k tokens every step: build the "
                              "drafter as DraftModelDrafter(model) (no window, stop_below or eos_token_ids)")
         drafter.check_target(self.model)
+        paced = isinstance(drafter, PacedDrafter) and isinstance(drafter.paced_by, DraftModelDrafter)
         draft_model = (drafter.model if isinstance(drafter, DraftModelDrafter) else
-                       drafter.paced_by.model if isinstance(drafter, PacedDrafter) else None)
+                       drafter.paced_by.model if paced else None)
         self.drafter = drafter
         self.draft = None if draft_model is None else StaticDraft(draft_model, self.max_len, **self.compiled)
         self.host_drafter = (None if isinstance(drafter, DraftModelDrafter) else
-                             drafter.tokens_from if isinstance(drafter, PacedDrafter) else drafter)
+                             drafter.tokens_from if paced else drafter)
 
     @torch.no_grad()
     def warmup(self, gammas=None) -> None:

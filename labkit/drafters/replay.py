@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..core.sampling import SamplingConfig
+from ..core.tree import Tree
 from .base import Drafter, Proposal
-from .draft_model import DraftModelDrafter
 
 
 class ReplayDrafter(Drafter):
@@ -62,15 +62,64 @@ class ReplayDrafter(Drafter):
         return Proposal(torch.tensor(right + [wrong] * (gamma - n), dtype=torch.long))     # (γ,)
 
 
-class PacedDrafter(Drafter):
-    """Proposes `tokens_from`'s tokens while `paced_by` (a draft model) drafts as many and is ignored: the
-    acceptance of one drafter at the drafting cost of the other."""
+class ReplayTreeDrafter(ReplayDrafter):
+    """The tree version: step i proposes a tree of γ_i nodes whose first path holds the continuation's next n_i
+    tokens, then wrong ones, to a depth of `depth` (or n_i + 1, or γ_i, whichever fits); every other node is a
+    wrong sibling hung under that path, round robin from the root down. Greedy tree verification accepts exactly
+    n_i; a tree of the recorded size costs what the recorded tree cost to verify (the same nodes, another shape).
+    """
+    name = "replay-tree"
 
-    def __init__(self, tokens_from: Drafter, paced_by: DraftModelDrafter):
-        if not isinstance(paced_by, DraftModelDrafter):
-            raise ValueError(f"paced_by must be a DraftModelDrafter (its draft model sets the cost), got "
-                             f"{type(paced_by).__name__}")
+    def __init__(self, continuation: list[int], recorded: list[tuple[int, int]], vocab_size: int, depth: int = 6):
+        super().__init__(continuation, recorded, vocab_size)
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1 (the first path's length), got {depth}")
+        self.depth = depth
+
+    def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None = None) -> Proposal:
+        chain = super().propose(tokens, k, sampling, generator).tokens.tolist()  # (γ,) n right, then wrong
+        gamma, n = self.replayed[-1]
+        done = tokens.numel() - self.prompt_len
+        d = min(gamma, max(self.depth, n + 1))                                   # the first path's length
+        extra = gamma - d                                                        # siblings, round robin from the root
+        parents, node_tokens, path_node = [], [], -1
+        for j in range(d):                                                       # depth j + 1, depth by depth
+            after = done + j                                                     # the target's pick there
+            pick = self.continuation[after] if after < len(self.continuation) else 0
+            parent, path_node = path_node, len(node_tokens)
+            parents.append(parent)
+            node_tokens.append(chain[j])
+            for s in range(extra // d + (j < extra % d)):                        # never the pick, never the path's
+                parents.append(parent)
+                node_tokens.append((pick + 2 + s) % self.vocab_size)
+        return Proposal(torch.tensor(node_tokens), tree=Tree(torch.tensor(parents)))
+
+
+class CostOnly(Drafter):
+    """Proposes nothing; runs `cost()` each step. A drafter's cost without its tokens, for `PacedDrafter`: e.g. a
+    draft head's forwards at their real shapes, recorded once as a CUDA graph and replayed."""
+
+    def __init__(self, cost, name: str):
+        self.cost, self.name = cost, name
+
+    def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None = None) -> Proposal:
+        self.cost()
+        return Proposal.empty(tokens)
+
+
+class PacedDrafter(Drafter):
+    """Proposes `tokens_from`'s tokens while `paced_by` (a draft model, Medusa heads, a `CostOnly`) drafts as many
+    and is ignored: the acceptance of one drafter at the drafting cost of the other. It reads the target's
+    features when `paced_by` does (and passes them on)."""
+
+    def __init__(self, tokens_from: Drafter, paced_by: Drafter):
+        if not isinstance(paced_by, Drafter) or paced_by.reads_verdict:
+            raise ValueError(f"paced_by must be a Drafter that does not read the verdict (its propose sets the cost), "
+                             f"got {type(paced_by).__name__}")
         self.tokens_from, self.paced_by = tokens_from, paced_by
+        self.reads_features = paced_by.reads_features
         self.name = f"{tokens_from.name}@{paced_by.name}-cost"
 
     def check_target(self, target) -> None:
@@ -79,7 +128,7 @@ class PacedDrafter(Drafter):
 
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         self.tokens_from.start(prompt_ids)
-        self.paced_by.start(prompt_ids)
+        self.paced_by.start(prompt_ids, features)
 
     def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
@@ -90,4 +139,4 @@ class PacedDrafter(Drafter):
 
     def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
         self.tokens_from.commit(n_cached)
-        self.paced_by.commit(n_cached)
+        self.paced_by.commit(n_cached, features)

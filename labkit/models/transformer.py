@@ -198,16 +198,17 @@ class Transformer(nn.Module):
         return h
 
     def blocks(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor,
-               mask: torch.Tensor | None) -> torch.Tensor:
+               mask: torch.Tensor | None, run_block=None) -> torch.Tensor:
         """The layers alone: embed, every block (each writes its keys/values to `cache`), final norm.
 
         No defaults and no bookkeeping: `hidden` adds those; the static, compiled decode path
-        (decoding/static.py) calls this with position and mask tensors of fixed shape.
+        (decoding/static.py) calls this with position and mask tensors of fixed shape, and may pass
+        `run_block(block, x, cos, sin, cache, layer, mask)` to run each block its own way (compiled once).
         """
         cos, sin = rope_cos_sin(positions, self.args.head_dim, self.args.rope_theta, self.embed_tokens.weight.dtype)
         x = self.embed_tokens(tokens)                                                   # (B, T, D)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, mask)
+            x = layer(x, cos, sin, cache, i, mask) if run_block is None else run_block(layer, x, cos, sin, cache, i, mask)
         return self.norm(x)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None,

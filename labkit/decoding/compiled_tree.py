@@ -1,0 +1,249 @@
+"""Tree speculation at the speed of memory: the tree loop on a static cache, one compiled shape per tree size.
+
+The eager tree loop (tree.py) is the reference; this is the same propose -> verify -> accept -> commit on the
+static cache of compiled.py, for drafters that propose trees (Medusa's static tree, suffix decoding's):
+
+1. Verify: the root (the last committed token) and the N tree nodes in one forward, padded to a bucket of
+   `TREE_BUCKETS` = (8, 16, 32, 64) nodes, so the verify has four shapes, each compiled once and on CUDA
+   recorded once as a CUDA graph. The tree's RoPE positions (root + depth) and its ancestor mask are buffers
+   filled in place each step, as the token ids are; a padding node sees the cache and itself, and no real
+   node sees it.
+2. Accept on the device (`greedy_tree_accept_on_device`): a node is good when its token is the target's
+   greedy pick after its parent; the deepest node whose whole path is good wins (the first of the deepest,
+   as `core.tree_acceptance.greedy_tree_accept`). One host sync reads the accepted depth, the path and the
+   target's next token.
+3. Commit: `KVCache.commit_path` copies the keys and values of the root and the accepted path to the slots
+   right after the committed ones (Medusa's compaction), on the device; every other branch is dropped.
+
+Greedy, batch size 1, labkit's own `Transformer` as the target; drafters that read the final hidden states
+(Medusa) get them as in the eager loop. Greedy output equals `autoregressive_generate`'s token for token
+(tests/test_compiled_tree.py); scripts/gpu_check.py times it on a GPU.
+"""
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import torch
+
+from ..core.sampling import GREEDY, SamplingConfig
+from ..core.trace import Step
+from ..core.tree import Tree
+from ..core.tree_budget import CostAwareBudget, FixedBudget
+from ..drafters.base import Drafter, Proposal
+from ..models.target import as_tree_target
+from ..models.transformer import Transformer
+from .base import Decoder, Generation, check_drafter
+from .compiled import Clock, FixedShapeStep
+from .static import StaticKVCache, static_forward
+
+TREE_BUCKETS = (8, 16, 32, 64)     # tree sizes the verify forward is compiled for; N nodes pad up to the next one
+MAX_NODES = TREE_BUCKETS[-1]
+
+
+def tree_bucket(n: int) -> int:
+    """The verify width (in nodes) for a tree of n nodes: the smallest bucket that holds it."""
+    return next(b for b in TREE_BUCKETS if b >= n)
+
+
+class DeviceTree(NamedTuple):
+    """A proposal laid out at a bucket's width B, for the verify and the acceptance on the device."""
+    feed: torch.Tensor          # (1+B,) root, node tokens, padding (token 0)
+    positions: torch.Tensor     # (1+B,) RoPE positions: root + depth (padding: the root's)
+    block: torch.Tensor         # (1+B, 1+B) bool, which of the step's slots each row sees
+    nodes: torch.Tensor         # (B,) node tokens, -1 for padding (never equal to a target pick)
+    parent_rows: torch.Tensor   # (B,) the row of each node's parent (0: the root)
+    ancestors: torch.Tensor     # (B, B) bool, node j is node i or one of its ancestors
+    depth: torch.Tensor         # (B,) 1 for the root's children, 0 for padding
+    path_rows: torch.Tensor     # (B, D) rows of each node's path, root's child first, padded with its own row
+
+
+def lay_out(tree: Tree, tokens: torch.Tensor, root: int, width: int) -> DeviceTree:
+    """A tree of N <= width nodes with its tokens (N,), after the committed token `root`, padded to `width`."""
+    N, B = tree.n_nodes, width
+    ancestors = torch.eye(B, dtype=torch.bool)                                   # (B, B) padding: itself
+    ancestors[:N, :N] = tree.mask
+    block = torch.eye(1 + B, dtype=torch.bool)                                   # (1+B, 1+B)
+    block[1:N + 1, 0] = True                                                     # every node sees the root
+    block[1:, 1:] = ancestors
+    depth = torch.zeros(B, dtype=torch.long)
+    depth[:N] = tree.depth
+    D = max(1, int(depth.max()))
+    path_rows = torch.arange(1, B + 1)[:, None].repeat(1, D)                     # (B, D)
+    node, ancestor = tree.mask.nonzero(as_tuple=True)                            # parents come first: by depth
+    path_rows[node, depth[ancestor] - 1] = 1 + ancestor
+    parent_rows = torch.zeros(B, dtype=torch.long)
+    parent_rows[:N] = tree.parents + 1
+    nodes = torch.full((B,), -1, dtype=torch.long)
+    nodes[:N] = tokens
+    feed = torch.cat([torch.tensor([root]), nodes.clamp(min=0)])
+    return DeviceTree(feed, torch.cat([torch.zeros(1, dtype=torch.long), depth]), block, nodes, parent_rows,
+                      ancestors, depth, path_rows)
+
+
+class TreeAcceptanceOnDevice(NamedTuple):
+    n_accepted: torch.Tensor    # () depth of the accepted path, 0..D
+    keep_rows: torch.Tensor     # (1+D,) the root's row, then the path's rows (padded past n_accepted)
+    next_token: torch.Tensor    # () the target's pick after the last accepted node
+
+
+def greedy_tree_accept_on_device(t: DeviceTree, target_logits: torch.Tensor) -> TreeAcceptanceOnDevice:
+    """`core.tree_acceptance.greedy_tree_accept` without leaving the device. target_logits (1+B, V)."""
+    target = target_logits.argmax(-1)                                            # (1+B,) the target's picks
+    good = t.nodes == target[t.parent_rows]                                      # (B,)
+    whole_path_good = ~(t.ancestors & ~good).any(-1)                             # (B,)
+    score = torch.where(whole_path_good, t.depth, 0)                             # (B,)
+    best = score.argmax()                                                        # () the first of the deepest
+    n = score[best]
+    last_row = torch.where(n > 0, best + 1, 0)                                   # () the root when none agreed
+    keep_rows = torch.cat([last_row.new_zeros(1), t.path_rows[best]])            # (1+D,)
+    return TreeAcceptanceOnDevice(n, keep_rows, target[last_row])
+
+
+class CompiledTreeDecoder(Decoder):
+    """Tree speculative decoding on a static cache: eager, compiled, and/or replayed as CUDA graphs. Greedy.
+
+        dec = CompiledTreeDecoder(target, MedusaDrafter(heads, choices), max_len=1024, compile="blocks",
+                                  cuda_graph=True)
+        gen = dec.generate(prompt_ids, max_new_tokens=256, budget=32)
+
+    budget: nodes a step, 1..64 (or a FixedBudget / CostAwareBudget). compile, cuda_graph, compile_backend,
+    compile_options: as `CompiledSpeculativeDecoder`'s. max_len must hold prompt + max_new_tokens + 64 (the
+    verify writes its padded tree past the last token).
+    """
+
+    def __init__(self, model: Transformer, drafter: Drafter, max_len: int, compile: bool | str = False,
+                 cuda_graph: bool = False, compile_backend: str = "inductor", compile_options: dict | None = None):
+        if not isinstance(model, Transformer):
+            raise ValueError(f"the compiled tree loop runs labkit's own Transformer, got {type(model).__name__}: "
+                             "decode other targets with labkit.decoding.tree.tree_generate")
+        if cuda_graph and model.device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on "
+                             f"{model.device.type}")
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or not MAX_NODES + 2 <= max_len:
+            raise ValueError(f"max_len must be an integer >= {MAX_NODES + 2} (the static cache's slots), "
+                             f"got {max_len!r}")
+        how = dict(compile=compile, cuda_graph=cuda_graph, compile_backend=compile_backend,
+                   compile_options=compile_options)
+        a, p = model.args, model.embed_tokens.weight
+        self.model, self.max_len = model, max_len
+        self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
+        self.verify_steps = {b: FixedShapeStep(model, self.cache, 1 + b, tree=True, **how) for b in TREE_BUCKETS}
+        self.use_drafter(drafter)
+
+    def use_drafter(self, drafter: Drafter) -> None:
+        """Draft with `drafter` from the next `start` on, keeping the compiled shapes and graphs."""
+        check_drafter(drafter)
+        if drafter.reads_verdict:
+            raise ValueError(f"the {drafter.name} drafter reads the target's verdict on every node: decode it with "
+                             "labkit.decoding.tree.tree_generate")
+        as_target = as_tree_target(self.model)
+        if drafter.tree_target(as_target) is not as_target:
+            raise ValueError(f"the {drafter.name} drafter reads other features than the final hidden states: decode "
+                             "it with labkit.decoding.tree.tree_generate")
+        drafter.check_target(self.model)
+        self.drafter = drafter
+
+    @torch.no_grad()
+    def warmup(self, budgets=None) -> None:
+        """Compile (and record) the verify shapes of these budgets (default: every bucket) now, before `start`."""
+        for b in TREE_BUCKETS if budgets is None else sorted({tree_bucket(min(n, MAX_NODES)) for n in budgets}):
+            self.verify_steps[b]()
+
+    @torch.no_grad()
+    def start(self, prompt_ids: torch.Tensor, max_new_tokens: int, budget: int | FixedBudget | CostAwareBudget = 32,
+              sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
+              seed: int | None = None) -> "CompiledTreeDecoder":
+        """Begin a sequence: check the request, prefill the cache with the prompt but its last token."""
+        self.begin(self.model, prompt_ids, max_new_tokens, f"compiled-tree/{self.drafter.name}", eos_token_ids, seed,
+                   sampling)
+        if not sampling.greedy:
+            raise ValueError("the compiled tree loop accepts greedily: pass SamplingConfig() (temperature 0), or "
+                             "sample with labkit.decoding.tree.tree_generate")
+        self.budget = budget if isinstance(budget, (FixedBudget, CostAwareBudget)) else FixedBudget(budget)
+        if isinstance(budget, int) and not 0 <= budget <= MAX_NODES:
+            raise ValueError(f"budget={budget}: the compiled verify has shapes for up to {MAX_NODES} nodes; pass "
+                             f"0 <= budget <= {MAX_NODES}")
+        if isinstance(self.budget, CostAwareBudget) and not self.drafter.best_first:
+            raise ValueError(f"the cost-aware budget needs a drafter that lists its nodes best first; "
+                             f"{self.drafter.name} does not: give it a fixed budget (an int)")
+        need = self.prompt.numel() + max_new_tokens + MAX_NODES
+        if need > self.max_len or self.prompt.numel() + max_new_tokens > self.model.max_seq_len:
+            raise ValueError(f"{self.prompt.numel()} prompt + {max_new_tokens} new tokens + {MAX_NODES} padding "
+                             f"slots exceed max_len={self.max_len} (or the model's context of "
+                             f"{self.model.max_seq_len}): build the decoder with max_len >= {need}")
+        device = self.model.device
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        t0 = time.perf_counter()
+        T = self.prompt.numel()
+        features = torch.zeros(0, self.model.args.dim, dtype=self.model.embed_tokens.weight.dtype, device=device)
+        self.cache.slots = torch.arange(T - 1, device=device)
+        if T > 1:
+            features, _ = static_forward(self.model, self.cache, self.prompt[None, :-1].to(device), hidden=True)
+            features = features[0]                                                   # (T-1, D)
+        self.cache.length = T - 1                          # every committed token but the last
+        self.drafter.start(self.prompt, features if self.drafter.reads_features else None)
+        sync()
+        self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
+        return self
+
+    @torch.no_grad()
+    def step(self) -> Step:
+        """propose a tree -> verify it -> accept a path -> commit and compact, once; one host sync."""
+        n_cached, trace = self.cache.length, self.trace
+        budget = min(self.budget.budget(), MAX_NODES, self.max_new_tokens - trace.n_generated - 1)
+        t0, clock = time.perf_counter(), Clock(self.model.device)
+        # 1. Propose: a tree of candidate continuations (on the host, or the drafter's own device work)
+        proposal = (self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator)
+                    if budget > 0 else Proposal.empty(self.prompt)).limit(max(budget, 0))
+        tree, node_tokens = proposal.as_tree(), proposal.tokens                          # (N,)
+        clock.mark()
+        # 2. Verify: root + every node at the bucket's width, each node seeing the cache and its ancestors
+        laid = lay_out(tree, node_tokens, self.tokens[-1], tree_bucket(max(1, tree.n_nodes)))
+        hidden, logits = self.verify(laid, n_cached)                                     # (1+B, D), (1+B, V)
+        clock.mark()
+        # 3. Accept, on the device: the deepest path the target agrees with, and its pick after it
+        device_tree = DeviceTree(*(x.to(self.model.device) for x in laid))
+        acc = greedy_tree_accept_on_device(device_tree, logits)
+        n, next_token, *keep = torch.cat([acc.n_accepted.view(1), acc.next_token.view(1),
+                                          acc.keep_rows]).tolist()                        # the step's one host sync
+        keep = keep[:n + 1]                                                              # root, path
+        draft_time, verify_time = clock.seconds()
+        # 4. Commit: the root's and the path's keys and values to the slots right after the committed ones
+        self.cache.commit_path(torch.tensor(keep), start=n_cached)
+        path = [r - 1 for r in keep[1:]]
+        if self.drafter.reads_features:
+            self.drafter.commit(n_cached + len(keep), hidden[torch.tensor(keep, device=hidden.device)])
+        else:
+            self.drafter.commit(n_cached + len(keep))
+        new_tokens = self._commit(node_tokens[path].tolist() + [next_token])
+        step = Step(node_tokens.tolist(), n, next_token, bool(n) and tree.is_leaf[path[-1]].item(), draft_time,
+                    verify_time, q_draft=proposal.q_token.tolist(), parents=tree.parents.tolist(), path=path,
+                    asked=budget)
+        self.budget.update(step)
+        return self._record(step, new_tokens, t0)
+
+    def verify(self, laid: DeviceTree, n_cached: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states (1+B, D) and logits (1+B, V) of the root and the padded tree, written at the slots
+        n_cached .. n_cached + B."""
+        W = laid.feed.numel()
+        step = self.verify_steps[W - 1]
+        mask = torch.zeros(W, self.max_len, dtype=torch.bool)                        # (1+B, max_len)
+        mask[:, :n_cached] = True                                                    # the committed tokens
+        mask[:, n_cached:n_cached + W] = laid.block                                  # the root, the ancestors
+        step.tokens[0].copy_(laid.feed)
+        step.positions.copy_(laid.positions + n_cached)
+        step.mask.copy_(mask)
+        step.at(n_cached)
+        self.cache.length = n_cached + W
+        hidden, logits = step()
+        return hidden[0], logits[0]
+
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
+                 budget: int | FixedBudget | CostAwareBudget = 32, sampling: SamplingConfig = GREEDY,
+                 eos_token_ids: tuple[int, ...] = (), seed: int | None = None) -> Generation:
+        """Decode up to max_new_tokens after prompt_ids (T,): `start`, then step to the end."""
+        gen = self.start(prompt_ids, max_new_tokens, budget, sampling, eos_token_ids, seed).run()
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+        return gen

@@ -1,0 +1,146 @@
+"""The compiled tree loop (labkit/decoding/compiled_tree.py) against the eager tree loop and plain decoding.
+
+On CPU: greedy output equals `autoregressive_generate` token for token for suffix decoding's trees, Medusa's
+static tree (random heads: exactness does not depend on their quality) and replayed trees, at budgets that pad
+every bucket; each step keeps what the eager tree loop's step keeps; the device acceptance agrees with the host
+rule on random trees; replayed tree acceptance equals the recording. The steps run eagerly or traced by dynamo,
+whole or a block at a time; CUDA graphs run in the GPU variant (scripts/gpu_check.py runs it).
+"""
+import pytest
+import torch
+from conftest import tiny_model
+
+from labkit import SamplingConfig, autoregressive_generate
+from labkit.core.tree import Tree
+from labkit.core.tree_acceptance import greedy_tree_accept
+from labkit.decoding.compiled_tree import (
+    TREE_BUCKETS,
+    CompiledTreeDecoder,
+    greedy_tree_accept_on_device,
+    lay_out,
+    tree_bucket,
+)
+from labkit.decoding.tree import tree_generate
+from labkit.drafters.eagle import EagleConfig, EagleDrafter
+from labkit.drafters.eagle3 import Eagle3Head
+from labkit.drafters.medusa import MedusaDrafter, MedusaHeads
+from labkit.drafters.replay import CostOnly, PacedDrafter, ReplayTreeDrafter
+from labkit.drafters.suffix import SuffixDrafter
+
+PROMPTS = [torch.tensor([5, 17, 33, 2, 9, 5, 17, 33, 2, 9, 5, 17]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8])]
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+MEDUSA_CHOICES = [(0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0), (3,), (0, 0, 1), (0, 0, 0, 0), (1, 1), (4,)]
+
+pytestmark = pytest.mark.usefixtures("one_thread")     # tiny models: one thread (tests/conftest.py)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(seed=0)
+
+
+def medusa(target, seed=1):
+    torch.manual_seed(seed)
+    heads = MedusaHeads(target.lm_head, n_heads=4).to(target.device)
+    for block in heads.blocks:                          # random, not zero: the heads guess something
+        torch.nn.init.normal_(block.linear.weight, std=0.5)
+    return MedusaDrafter(heads, MEDUSA_CHOICES)
+
+
+def test_buckets_round_tree_sizes_up():
+    assert [tree_bucket(n) for n in (1, 8, 9, 16, 17, 33, 64)] == [8, 8, 16, 16, 32, 64, 64]
+    assert TREE_BUCKETS == (8, 16, 32, 64)
+
+
+@pytest.mark.parametrize("compile", [False, True, "blocks"], ids=["static", "traced", "traced-blocks"])
+@pytest.mark.parametrize("which", ["suffix", "medusa"])
+def test_greedy_equals_autoregressive(target, which, compile):
+    for budget in (3, 12, 20):
+        dec = CompiledTreeDecoder(target, SuffixDrafter() if which == "suffix" else medusa(target), max_len=128,
+                                  compile=compile, compile_backend="eager")
+        for prompt in PROMPTS:
+            want = autoregressive_generate(target, prompt, max_new_tokens=24).tokens
+            out = dec.generate(prompt, 24, budget=budget)
+            assert out.tokens == want, (which, budget, prompt.tolist())
+            assert out.trace.n_generated == 24 and sum(s.n_accepted + 1 for s in out.trace.steps) == 24
+
+
+def test_each_step_keeps_what_the_eager_tree_step_keeps(target):
+    prompt = PROMPTS[0]
+    eager = tree_generate(target, medusa(target), prompt, 30, budget=12)
+    fast = CompiledTreeDecoder(target, medusa(target), max_len=128).generate(prompt, 30, budget=12)
+    assert fast.tokens == eager.tokens
+    assert [(s.proposed, s.parents, s.path, s.next_token) for s in fast.trace.steps] == \
+           [(s.proposed, s.parents, s.path, s.next_token) for s in eager.trace.steps]
+    assert any(s.n_accepted > 0 for s in fast.trace.steps)          # the heads' trees were verified, not skipped
+
+
+def test_device_acceptance_agrees_with_the_host_rule():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        N, V = int(torch.randint(1, 20, (1,), generator=g)), 5
+        parents = torch.tensor([int(torch.randint(-1, i, (1,), generator=g)) for i in range(N)])
+        tree, tokens = Tree(parents), torch.randint(0, V, (N,), generator=g)
+        logits = torch.randn(1 + N, V, generator=g)
+        want = greedy_tree_accept(tree, tokens, logits)
+        laid = lay_out(tree, tokens, root=0, width=tree_bucket(N))
+        padded = torch.cat([logits, torch.randn(laid.feed.numel() - 1 - N, V, generator=g)])   # padding rows
+        got = greedy_tree_accept_on_device(laid, padded)
+        n = int(got.n_accepted)
+        assert n == want.n_accepted and int(got.next_token) == want.next_token, trial
+        assert [r - 1 for r in got.keep_rows[1:n + 1].tolist()] == want.path, trial
+
+
+def test_replayed_tree_acceptance_is_the_recorded_one(target):
+    prompt = PROMPTS[2]
+    continuation = autoregressive_generate(target, prompt, max_new_tokens=100).tokens
+    recorded = [(32, 3), (64, 2), (32, 0), (12, 5), (20, 1), (9, 9)]
+    replay = ReplayTreeDrafter(continuation, recorded, target.vocab_size, depth=6)
+    for run in (lambda: tree_generate(target, replay, prompt, 100, budget=64),
+                lambda: CompiledTreeDecoder(target, replay, max_len=180).generate(prompt, 100, budget=64)):
+        out = run()
+        assert out.tokens == continuation and not replay.diverged
+        got = [(s.gamma, s.n_accepted) for s in out.trace.steps if s.asked]      # not the last token's plain step
+        assert got == replay.replayed and got[:len(recorded)] == recorded     # later ones: cut by what is left
+        assert max(len(s.proposed) for s in out.trace.steps) == 64 and any(s.path and s.parents[s.path[-1]] >= 0
+                                                                             for s in out.trace.steps)
+
+
+def test_a_replay_paced_by_medusa_heads_or_a_cost_reads_features_and_stays_exact(target):
+    prompt = PROMPTS[0]
+    continuation = autoregressive_generate(target, prompt, max_new_tokens=30).tokens
+    calls = []
+    for paced_by in (medusa(target), CostOnly(lambda: calls.append(1), "head")):
+        replay = ReplayTreeDrafter(continuation, [(12, 2), (12, 4), (12, 0)], target.vocab_size)
+        drafter = PacedDrafter(replay, paced_by)
+        assert drafter.reads_features == paced_by.reads_features
+        out = CompiledTreeDecoder(target, drafter, max_len=128).generate(prompt, 30, budget=12)
+        assert out.tokens == continuation and not replay.diverged
+    assert len(calls) == len(out.trace.steps)
+
+
+def test_bad_requests_say_what_to_do(target):
+    dec = CompiledTreeDecoder(target, SuffixDrafter(), max_len=128)
+    with pytest.raises(ValueError, match="greedily.*tree_generate"):
+        dec.start(PROMPTS[0], 8, sampling=SamplingConfig(temperature=1.0))
+    with pytest.raises(ValueError, match="up to 64 nodes"):
+        dec.start(PROMPTS[0], 8, budget=65)
+    with pytest.raises(ValueError, match="max_len >= "):
+        dec.start(PROMPTS[0], 100)
+    with pytest.raises(ValueError, match="max_len must be"):
+        CompiledTreeDecoder(target, SuffixDrafter(), max_len=20)
+    deeper = tiny_model(seed=0, n_layers=3)
+    eagle3 = EagleDrafter(Eagle3Head(EagleConfig.for_target(deeper, hidden_dim=32, layers=(0, 1, 2)),
+                                     deeper.vocab_size), deeper)
+    with pytest.raises(ValueError, match="other features.*tree_generate"):
+        CompiledTreeDecoder(deeper, eagle3, max_len=128)
+
+
+@CUDA
+def test_cuda_graphs_tree_greedy_equals_autoregressive_on_gpu():
+    model = tiny_model(seed=0).cuda()
+    for compile in (False, "blocks"):
+        dec = CompiledTreeDecoder(model, medusa(model), max_len=128, compile=compile, cuda_graph=True)
+        for prompt in PROMPTS:
+            want = autoregressive_generate(model, prompt, max_new_tokens=24).tokens
+            assert dec.generate(prompt, 24, budget=12).tokens == want
