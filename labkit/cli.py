@@ -22,8 +22,10 @@ POLICIES = ("fixed", "heuristic", "cost-aware")
 DRAFT_PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
 
 
-def draft_window(text: str) -> int | None:
-    """--draft-window: a number of tokens, or 'all' for the whole context."""
+def draft_window(text: str) -> int | str | None:
+    """--draft-window: a number of tokens, 'all' for the whole context (None), or 'auto' (see resolve_window)."""
+    if text == "auto":
+        return "auto"
     if text == "all":
         return None
     try:
@@ -35,21 +37,41 @@ def draft_window(text: str) -> int | None:
     return value
 
 
-def add_model_args(p, default_dtype: str = "bf16") -> None:
-    """--target, --draft, --dtype, --backend, --device, --draft-precision: shared by generate and bench."""
+def compiled_bound(device: str, loop: str) -> bool:
+    """Whether requests will run on the compiled loops: asked for, or chosen by default on a GPU."""
+    from .models.checks import check_load_args
+    return loop == "compiled" or (loop == "auto" and check_load_args("bf16", "auto", device)[0] == "cuda")
+
+
+def resolve_window(window: int | str | None, device: str, loop: str) -> int | None:
+    """--draft-window auto: the whole context where the compiled loops run (their draft reads it all, and a GPU
+    reads a long prompt in one fast prefill), DEFAULT_WINDOW tokens on the eager loop (a CPU's draft prefill)."""
+    if window != "auto":
+        return window
+    return None if compiled_bound(device, loop) else DEFAULT_WINDOW
+
+
+def add_model_args(p, default_dtype: str = "auto") -> None:
+    """--target, --draft, --dtype, --backend, --device, --draft-precision, --loop: shared by generate and bench."""
+    from .decoding.loops import LOOPS
     from .models.checks import BACKENDS, DEVICES
     from .models.hub import DEFAULT_DRAFT, DEFAULT_TARGET
     p.add_argument("--target", default=DEFAULT_TARGET, help="preset, local directory or Hub id")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the draft-model methods")
-    p.add_argument("--dtype", default=default_dtype, choices=["bf16", "fp32", "fp16", "int8", "int4"],
-                   help="the target's precision (int8/int4: labkit's quantized model, a model of its own whose plain "
-                        "decoding speculation reproduces)")
+    p.add_argument("--dtype", default=default_dtype, choices=["auto", "bf16", "fp32", "fp16", "int8", "int4"],
+                   help="the target's precision (auto: bf16, or fp16 on a GPU without bf16 arithmetic; int8/int4: "
+                        "labkit's quantized model on a CPU, a model of its own whose plain decoding speculation "
+                        "reproduces)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="forward path: auto = the fastest this machine measured (cached), or force one")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when a GPU is present")
-    p.add_argument("--draft-window", type=draft_window, default=DEFAULT_WINDOW, metavar="N|all",
-                   help=f"tokens of the context the draft model reads besides its first 4 (default {DEFAULT_WINDOW}; "
-                        "'all': the whole context); the target always reads everything, so the output is the same")
+    p.add_argument("--draft-window", type=draft_window, default="auto", metavar="N|all|auto",
+                   help=f"tokens of the context the draft model reads besides its first 4 ('all': the whole context; "
+                        f"auto: {DEFAULT_WINDOW} on the eager loop, all on the compiled one); the target always reads "
+                        "everything, so the output is the same")
+    p.add_argument("--loop", default="auto", choices=LOOPS,
+                   help="auto: the compiled loop on a GPU (static caches, torch.compile, CUDA graphs) where it takes "
+                        "the request, else the eager one; eager: the readable reference loops; compiled: force it")
     p.add_argument("--draft-precision", default="auto", choices=DRAFT_PRECISIONS,
                    help="the draft model's weights: auto = the fastest one-token forward here (int8/int4 are "
                         "weight-only: the target still decides every token)")
@@ -149,28 +171,33 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 
 
 def make_drafter(kind: str, draft_model=None, eos_token_ids=(), window: int | None = None):
+    """The drafter of --drafter (eos_token_ids: the draft stops drafting at them; () where the compiled loop runs,
+    whose draft drafts every token)."""
     from .drafters import DraftModelDrafter, PromptLookupDrafter
     if kind == "lookup":
         return PromptLookupDrafter()
     return DraftModelDrafter(draft_model, eos_token_ids=eos_token_ids, window=window)
 
 
-def make_policy(name: str, gamma: int):
+def make_policy(name: str, gamma: int, compiled: bool = False):
+    """The --policy's γ policy; on the compiled loop an adaptive one drafts at most its 8 draft tokens a step."""
     from .core.adaptive import CostAwareGamma, FixedGamma, HeuristicGamma
-    return {"fixed": FixedGamma, "heuristic": HeuristicGamma, "cost-aware": CostAwareGamma}[name](gamma)
+    if name == "fixed":
+        return FixedGamma(gamma)
+    policy = {"heuristic": HeuristicGamma, "cost-aware": CostAwareGamma}[name]
+    return policy(gamma, max_gamma=8) if compiled else policy(gamma)
 
 
 def cmd_generate(a) -> int:
     from .core.sampling import SamplingConfig
-    from .decoding.autoregressive import autoregressive_generate
     from .decoding.base import check_seed
-    from .decoding.speculative import speculative_generate
+    from .decoding.loops import decode
     from .models.calibrate import run_facts
     from .models.checks import check_models
     from .models.loading import encode_prompt, load_draft, load_model
     from .viz.render import committed_text, pieces, to_ansi
     sampling = SamplingConfig(a.temperature, a.top_k, a.top_p)
-    policy = make_policy(a.policy, a.gamma)
+    policy = make_policy(a.policy, a.gamma, compiled_bound(a.device, a.loop))
     if a.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {a.max_new_tokens}")
     if a.max_seq_len < 2:
@@ -183,20 +210,21 @@ def cmd_generate(a) -> int:
     check_models(a.target, a.dtype, a.backend, a.device, a.draft if a.drafter == "draft" else None, a.draft_precision)
     target = load_model(a.target, a.dtype, a.backend, a.max_seq_len, a.device, progress=not a.json)
     prompt = encode_prompt(target.tokenizer, text or "", not a.no_chat_template)
-    draft = None
-    if a.drafter == "none":
-        out = autoregressive_generate(target.model, prompt, a.max_new_tokens, sampling, target.eos_token_ids, a.seed)
-    else:
+    draft, drafter = None, None
+    if a.drafter != "none":
         if a.drafter == "draft":
             draft = load_draft(a.draft, target, a.draft_precision, a.backend, a.max_seq_len, progress=not a.json)
-        drafter = make_drafter(a.drafter, draft.model if draft else None, target.eos_token_ids, a.draft_window)
-        out = speculative_generate(target.model, drafter, prompt, a.max_new_tokens, policy, sampling,
-                                   target.eos_token_ids, a.seed)
+        compiled = compiled_bound(a.device, a.loop)
+        drafter = make_drafter(a.drafter, draft.model if draft else None, () if compiled else target.eos_token_ids,
+                               resolve_window(a.draft_window, a.device, a.loop))
+    out, (loop, why) = decode(target.model, drafter, prompt, a.max_new_tokens, policy, sampling,
+                              target.eos_token_ids, a.seed, loop=a.loop)
     text_out = target.tokenizer.decode(out.tokens, skip_special_tokens=True)
     ran = run_facts(target, draft)
     if a.json:
         print(json.dumps({"text": text_out, "tokens": out.tokens, "prompt_tokens": prompt.tolist(),
                           "drafter": a.drafter, "gamma": a.gamma, "policy": a.policy, "ran_on": ran,
+                          "loop": {"loop": loop, "why": why},
                           "stats": out.trace.summary(), "steps": out.trace.to_dict()["steps"]}))
     else:
         print(to_ansi(committed_text(pieces(out.trace, prompt.tolist(), target.tokenizer), out.trace),
@@ -206,7 +234,7 @@ def cmd_generate(a) -> int:
               f"{s['target_forwards']} target forwards, {s['tokens_per_forward']:.2f} tokens/forward (bonus included), "
               f"acceptance {s['acceptance_rate']:.2f}, stop: {s['stop_reason']}", file=sys.stderr)
         print(f"[ran on] {ran['cpu']} ({ran['isa']}), {ran['threads']} threads; target: {ran['target']}"
-              + (f"; draft: {ran['draft']}" if draft else ""), file=sys.stderr)
+              + (f"; draft: {ran['draft']}" if draft else "") + f"; {loop} loop ({why})", file=sys.stderr)
     return 0
 
 
@@ -240,9 +268,12 @@ def cmd_bench(a) -> int:
 
     def split(s):
         return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
-    config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, a.dtype, a.max_new_tokens,
+    from .models.checks import check_load_args, resolve_dtype
+    dtype = resolve_dtype(a.dtype, check_load_args(a.dtype, a.backend, a.device)[0])    # a run's key names it
+    config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, dtype, a.max_new_tokens,
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit,
-                         a.backend, a.device, a.draft_precision, a.draft_window)
+                         a.backend, a.device, a.draft_precision, resolve_window(a.draft_window, a.device, a.loop),
+                         a.loop)
     try:
         results = Path(a.out) / "results.jsonl" if a.report_only else run_bench(config)
     except KeyboardInterrupt:

@@ -15,9 +15,9 @@ import torch
 
 from ..core.adaptive import CostAwareGamma, GammaPolicy, HeuristicGamma
 from ..core.tree_budget import CostAwareBudget
-from ..decoding.autoregressive import autoregressive_generate
+from ..decoding.compiled import MAX_GAMMA
+from ..decoding.loops import decode
 from ..decoding.speculative import Generation, speculative_generate
-from ..decoding.tree import tree_generate
 from ..drafters import DraftModelDrafter, PromptLookupDrafter
 from ..drafters.suffix import SuffixDrafter
 
@@ -49,6 +49,12 @@ class Models:
     draft_window: int | None = None      # tokens the draft model reads besides the sinks (None: the whole context)
     cross_draft: object | None = None    # loading.LoadedModel of CROSS_DRAFT: a draft with its own tokenizer
     hf_cross: torch.nn.Module | None = None
+    loop: str = "auto"                   # decoding.loops: auto = the compiled loop on a GPU where it takes a method
+
+    @property
+    def compiled(self) -> bool:
+        """Whether labkit's methods run on the compiled loops (their drafts then draft every token)."""
+        return self.loop == "compiled" or (self.loop == "auto" and self.target.model.device.type == "cuda")
 
 
 @dataclass(frozen=True)
@@ -71,24 +77,31 @@ def from_generation(out: Generation) -> MethodResult:
 
 def _autoregressive(m: Models, n: int, gamma: int, lookup_tokens: int):
     eos = m.target.eos_token_ids
-    return lambda ids: from_generation(autoregressive_generate(m.target.model, ids, n, eos_token_ids=eos))
+    return lambda ids: from_generation(decode(m.target.model, None, ids, n, eos_token_ids=eos, loop=m.loop)[0])
 
 
 def _speculative(drafter: Callable[[Models], object], policy: Callable[[int], int | GammaPolicy]):
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
         eos = m.target.eos_token_ids
-        return lambda ids: from_generation(speculative_generate(m.target.model, drafter(m), ids, n, policy(gamma),
-                                                                eos_token_ids=eos))
+
+        def run(ids):
+            # an adaptive γ drafts at most the compiled verify's 8 tokens where the compiled loop runs
+            capped = m.compiled and isinstance(policy, type) and issubclass(policy, GammaPolicy)
+            chosen = policy(gamma, max_gamma=MAX_GAMMA) if capped else policy(gamma)
+            return from_generation(decode(m.target.model, drafter(m), ids, n, chosen, eos_token_ids=eos,
+                                          loop=m.loop)[0])
+        return run
     return build
 
 
 def _draft_model(m: Models):
-    return DraftModelDrafter(m.draft.model, eos_token_ids=m.target.eos_token_ids, window=m.draft_window)
+    return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
+                             window=m.draft_window)
 
 
 def _draft_model_whole(m: Models):
     """The draft model reading the whole context, whatever the run's window: what a window saves is measured."""
-    return DraftModelDrafter(m.draft.model, eos_token_ids=m.target.eos_token_ids)
+    return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids)
 
 
 CROSS_DRAFT = "smollm2-135m-instruct"         # a draft with a tokenizer of its own (49,152 tokens)
@@ -161,8 +174,9 @@ def _tree(drafter: Callable[[Models], object], budget: int | Callable[[Models], 
     the drafter is built once, its heads loaded once."""
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
         eos, tree_drafter = m.target.eos_token_ids, drafter(m)
-        return lambda ids: from_generation(tree_generate(m.target.model, tree_drafter, ids, n,
-                                                         budget(m) if callable(budget) else budget, eos_token_ids=eos))
+        return lambda ids: from_generation(decode(m.target.model, tree_drafter, ids, n,
+                                                  budget(m) if callable(budget) else budget, eos_token_ids=eos,
+                                                  tree=True, loop=m.loop)[0])
     return build
 
 

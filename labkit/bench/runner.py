@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.textfile import writable_dir
+from ..decoding.loops import LOOPS
 from ..drafters.draft_model import DEFAULT_WINDOW
 from .methods import (
     CROSS_DRAFT,
@@ -54,6 +55,7 @@ class BenchConfig:
     device: str = "auto"
     draft_precision: str = "auto"      # the draft model's weights (loading.draft_precision)
     draft_window: int | None = DEFAULT_WINDOW   # tokens the draft model reads besides the sinks (None: all)
+    loop: str = "auto"                 # decoding.loops: auto = the compiled loop on a GPU, eager elsewhere
 
     def __post_init__(self):
         self.methods = check_methods(default_methods(self.target, self.dtype) if self.methods is None
@@ -63,6 +65,8 @@ class BenchConfig:
         for name in ("max_new_tokens", "gamma", "lookup_tokens", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.loop not in LOOPS:
+            raise ValueError(f"--loop must be one of {', '.join(LOOPS)}, got {self.loop!r}")
         if self.draft_window is not None and self.draft_window < 1:
             raise ValueError(f"--draft-window must be >= 1 (or 'all'), got {self.draft_window}")
 
@@ -76,6 +80,8 @@ class BenchConfig:
                 keyed[k] = getattr(self, k)
         if self.draft_window is not None:                       # older runs' drafts read the whole context
             keyed["draft_window"] = self.draft_window
+        if self.loop != "auto":
+            keyed["loop"] = self.loop
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -159,7 +165,7 @@ def load_models(config: BenchConfig, progress: bool = True) -> Models:
     check_models(config.target, config.dtype, config.backend, config.device,
                  config.draft if "draft" in needs else None, config.draft_precision)
     models = Models(load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress),
-                    draft_name=config.draft, draft_window=config.draft_window)
+                    draft_name=config.draft, draft_window=config.draft_window, loop=config.loop)
     if "draft" in needs:
         models.draft = load_draft(config.draft, models.target, config.draft_precision, config.backend,
                                   progress=progress)

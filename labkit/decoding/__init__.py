@@ -7,6 +7,8 @@
     batched         B sequences at once with any chain drafter, each row accepting its own count
     static          a static cache, torch.compile and CUDA graphs: decoding at the speed of memory (GPU)
     compiled        the chain loop on static caches, one compiled shape (and CUDA graph) per draft-length bucket
+    compiled_tree   the tree loop on a static cache, one compiled shape (and CUDA graph) per tree-size bucket
+    loops           which loop decodes a request: the compiled ones on a GPU, the eager ones elsewhere
 """
 from .autoregressive import AutoregressiveDecoder, autoregressive_generate
 from .base import Decoder, Generation

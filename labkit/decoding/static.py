@@ -186,9 +186,10 @@ class StaticDecoder:
         self._graph, self._graph_logits = capture_graph(self._step, warmups=3)  # logits (1, 1, V), refilled by replays
 
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> Generation:
-        """Greedy: the prompt (T,), then `max_new_tokens` tokens, one decode step each (the first comes
-        from the prefill). The trace has a step per token, timed after a device synchronisation."""
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: tuple[int, ...] = ()) -> Generation:
+        """Greedy: the prompt (T,), then up to `max_new_tokens` tokens, one decode step each (the first comes
+        from the prefill), stopping after an end-of-sequence token. The trace has a step per token, timed after a
+        device synchronisation."""
         if prompt_ids.numel() + max_new_tokens > self.max_len:
             raise ValueError(f"{prompt_ids.numel()} prompt + {max_new_tokens} new tokens exceed max_len={self.max_len}")
         sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
@@ -201,10 +202,13 @@ class StaticDecoder:
         sync()
         trace.prefill_time = time.perf_counter() - t0
         trace.steps.append(Step([], 0, token, True, 0.0, 0.0))
-        for _ in range(max_new_tokens - 1):
+        eos = set(eos_token_ids)
+        while len(trace.steps) < max_new_tokens and token not in eos:
             t1 = time.perf_counter()
             token = int(self.decode_one(token).argmax())   # .item(): one host sync a token, as any decoder has
             trace.steps.append(Step([], 0, token, True, 0.0, time.perf_counter() - t1))
+        if token in eos:
+            trace.stop_reason = "eos"
         sync()
         trace.total_time = time.perf_counter() - t0
         trace.n_generated = len(trace.steps)

@@ -31,11 +31,15 @@ def check_load_args(dtype: str | torch.dtype, backend: str, device: str) -> tupl
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but torch sees no GPU here: use device='auto' or 'cpu'")
-    if not isinstance(dtype, torch.dtype) and dtype not in (*DTYPES, *QUANTIZED):
-        raise ValueError(f"dtype must be one of {sorted(DTYPES) + list(QUANTIZED)}, got {dtype!r}")
+    if not isinstance(dtype, torch.dtype) and dtype not in (*DTYPES, *QUANTIZED, "auto"):
+        raise ValueError(f"dtype must be one of {['auto'] + sorted(DTYPES) + list(QUANTIZED)}, got {dtype!r}")
+    dtype = resolve_dtype(dtype, device)
     quantized = dtype if dtype in QUANTIZED else None
-    if quantized and (backend == "hf" or device != "cpu"):
-        raise ValueError(f"{dtype} weights need labkit's model on a CPU (backend other than 'hf', device 'cpu')")
+    if quantized and backend == "hf":
+        raise ValueError(f"{dtype} weights run labkit's model: use backend 'auto' or 'native', not 'hf'")
+    if quantized and device != "cpu":
+        raise ValueError(f"{dtype} weights run labkit's CPU kernels: on {device} use dtype 'auto' (bf16, or fp16 on "
+                         "a GPU without bf16), which the compiled GPU loop decodes at the memory wall; or device='cpu'")
     if device != "cpu" and backend in PATHS and backend != "reference":
         raise ValueError(f"the {backend} path runs on a CPU; on {device} use backend='reference' (or 'auto')")
     if device == "cpu" and backend in PATHS:
@@ -43,6 +47,16 @@ def check_load_args(dtype: str | torch.dtype, backend: str, device: str) -> tupl
         if precision in PRECISIONS:
             check_path(backend, precision)
     return device, quantized
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str) -> str | torch.dtype:
+    """dtype 'auto': bf16, except fp16 on a GPU without bf16 arithmetic (compute capability below 8.0: a T4, a
+    V100), where bf16 would be emulated; any other dtype as given."""
+    if dtype != "auto":
+        return dtype
+    if device == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        return "fp16"
+    return "bf16"
 
 
 def runs_native(config: dict, backend: str) -> bool:

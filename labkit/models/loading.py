@@ -21,7 +21,15 @@ import torch
 import torch.nn as nn
 
 from .backends import PATHS, ForwardPath, apply_path, precision_of
-from .checks import DTYPES, check_draft_precision, check_load_args, check_native_dtype, check_same_vocab, runs_native
+from .checks import (
+    DTYPES,
+    check_draft_precision,
+    check_load_args,
+    check_native_dtype,
+    check_same_vocab,
+    resolve_dtype,
+    runs_native,
+)
 from .hub import ModelFetchError, is_preset_dir, repair_advice, resolve_model
 from .transformer import ModelArgs, Transformer, fuse_hf_weights
 
@@ -125,12 +133,12 @@ def load_native(path: Path, dtype: torch.dtype, max_seq_len: int) -> Transformer
     return model.eval().requires_grad_(False)
 
 
-def load_model(name_or_path: str, dtype: str | torch.dtype = "bf16", backend: str = "auto",
+def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", backend: str = "auto",
                max_seq_len: int = 4096, device: str = "auto", progress: bool = True) -> LoadedModel:
     """A preset key (see hub.PRESETS), a local transformers directory, or a Hub id -> model + tokenizer.
 
-    dtype: the weights' precision, fp32 / bf16 / fp16, or int8 / int4, quantized at load (labkit's
-    Transformer on a CPU only). int4 on the packed path runs labkit's 4-bit kernel (int8 activations,
+    dtype: the weights' precision: auto (bf16, or fp16 on a GPU without bf16 arithmetic), fp32 / bf16 /
+    fp16, or int8 / int4, quantized at load (labkit's Transformer on a CPU only). int4 on the packed path runs labkit's 4-bit kernel (int8 activations,
     batch invariant), elsewhere torch's weight-only kernels with bf16 activations. A quantized model
     is a model of its own, as a draft or as a target: speculation on it reproduces its own plain
     decoding (its distance from bf16: scripts/precision_quality.py).
@@ -142,7 +150,7 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "bf16", backend: st
     if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
         raise ValueError(f"max_seq_len must be an integer >= 2, got {max_seq_len!r}")
     device, quantized = check_load_args(dtype, backend, device)
-    dtype = DTYPES["bf16"] if quantized else DTYPES.get(dtype, dtype)
+    dtype = DTYPES["bf16"] if quantized else DTYPES.get(resolve_dtype(dtype, device), dtype)
     source = resolve_model(name_or_path, progress=progress)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
