@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", help="the prompt text (or use --prompt-file)")
     g.add_argument("--prompt-file", help="read the prompt from this file ('-' for stdin)")
     g.add_argument("--drafter", choices=DRAFTERS, default="draft", help="none = plain autoregressive decoding")
+    g.add_argument("--method", default=None, metavar="NAME",
+                   help="run one of the bench's methods instead of --drafter (greedy): any drafter, tree or head "
+                        "(suffix, lookahead, medusa, eagle3-tree, ...); `python -m labkit methods` lists them")
     g.add_argument("--gamma", type=int, default=5, help="draft tokens per step (the start value when adaptive)")
     g.add_argument("--policy", choices=POLICIES, default="fixed", help="how gamma changes during the run")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -96,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of coloured text")
     sub.add_parser("models", help="list the embedded model presets and whether they are on disk")
+    sub.add_parser("methods", help="list every method `generate --method` and `bench --methods` run")
     f = sub.add_parser("fetch", help="download, verify and convert presets (all when none named)")
     f.add_argument("names", nargs="*")
     add_bench_parser(sub)
@@ -192,10 +196,8 @@ def cmd_generate(a) -> int:
     from .core.sampling import SamplingConfig
     from .decoding.base import check_seed
     from .decoding.loops import decode
-    from .models.calibrate import run_facts
     from .models.checks import check_models
     from .models.loading import encode_prompt, load_draft, load_model
-    from .viz.render import committed_text, pieces, to_ansi
     sampling = SamplingConfig(a.temperature, a.top_k, a.top_p)
     policy = make_policy(a.policy, a.gamma, compiled_bound(a.device, a.loop))
     if a.max_new_tokens < 1:
@@ -207,6 +209,8 @@ def cmd_generate(a) -> int:
     except ValueError:
         raise ValueError(f"--seed must be an integer in [0, 2**63), got {a.seed}") from None
     text = read_prompt(a.prompt, a.prompt_file)
+    if a.method is not None:
+        return generate_method(a, text)
     check_models(a.target, a.dtype, a.backend, a.device, a.draft if a.drafter == "draft" else None, a.draft_precision)
     target = load_model(a.target, a.dtype, a.backend, a.max_seq_len, a.device, progress=not a.json)
     prompt = encode_prompt(target.tokenizer, text or "", not a.no_chat_template)
@@ -219,22 +223,77 @@ def cmd_generate(a) -> int:
                                resolve_window(a.draft_window, a.device, a.loop))
     out, (loop, why) = decode(target.model, drafter, prompt, a.max_new_tokens, policy, sampling,
                               target.eos_token_ids, a.seed, loop=a.loop)
+    show(a, out, target, draft, prompt, f"{loop} loop ({why})", {"drafter": a.drafter, "gamma": a.gamma,
+                                                                 "policy": a.policy, "loop": {"loop": loop, "why": why}})
+    return 0
+
+
+def show(a, out, target, draft, prompt, loop: str, settings: dict) -> None:
+    """A generation on stdout (coloured tokens, or one JSON object with --json), its stats on stderr."""
+    from .models.calibrate import run_facts
+    from .viz.render import committed_text, pieces, to_ansi
     text_out = target.tokenizer.decode(out.tokens, skip_special_tokens=True)
     ran = run_facts(target, draft)
     if a.json:
-        print(json.dumps({"text": text_out, "tokens": out.tokens, "prompt_tokens": prompt.tolist(),
-                          "drafter": a.drafter, "gamma": a.gamma, "policy": a.policy, "ran_on": ran,
-                          "loop": {"loop": loop, "why": why},
-                          "stats": out.trace.summary(), "steps": out.trace.to_dict()["steps"]}))
+        print(json.dumps({"text": text_out, "tokens": out.tokens, "prompt_tokens": prompt.tolist(), **settings,
+                          "ran_on": ran, "stats": out.trace.summary(), "steps": out.trace.to_dict()["steps"]}))
+        return
+    print(to_ansi(committed_text(pieces(out.trace, prompt.tolist(), target.tokenizer), out.trace),
+                  colour=sys.stdout.isatty()))
+    s = out.trace.summary()
+    print(f"\n[{s['method']}] {s['new_tokens']} tokens in {s['total_time']:.2f}s ({s['tokens_per_second']:.1f} tok/s), "
+          f"{s['target_forwards']} target forwards, {s['tokens_per_forward']:.2f} tokens/forward (bonus included), "
+          f"acceptance {s['acceptance_rate']:.2f}, stop: {s['stop_reason']}", file=sys.stderr)
+    print(f"[ran on] {ran['cpu']} ({ran['isa']}), {ran['threads']} threads; target: {ran['target']}"
+          + (f"; draft: {ran['draft']}" if draft else "") + f"; {loop}", file=sys.stderr)
+
+
+def generate_method(a, text: str) -> int:
+    """generate --method NAME: one of the bench's methods (bench.methods.METHODS, the one table of them) on one
+    prompt, greedy, with the bench's settings; labkit's methods are drawn as --drafter's are, a peer's text printed."""
+    import time
+
+    from .bench.methods import METHODS
+    from .bench.runner import BenchConfig, load_models
+    from .models.checks import check_load_args, resolve_dtype
+    from .models.loading import encode_prompt, load_model
+    if a.temperature != 0:
+        raise ValueError(f"--method runs the bench's methods, which decode greedily: use --temperature 0, or "
+                         f"--drafter for sampling (got --temperature {a.temperature})")
+    dtype = resolve_dtype(a.dtype, check_load_args(a.dtype, a.backend, a.device)[0])
+    config = BenchConfig("", "", [a.method], a.target, a.draft, dtype, a.max_new_tokens, a.gamma,
+                         backend=a.backend, device=a.device, draft_precision=a.draft_precision,
+                         draft_window=resolve_window(a.draft_window, a.device, a.loop), loop=a.loop,
+                         chat_template=not a.no_chat_template)
+    method = METHODS[a.method]                   # checked by BenchConfig (which adds the baseline to its list)
+    target = load_model(a.target, dtype, a.backend, a.max_seq_len, a.device, progress=not a.json)
+    models = load_models(config, progress=not a.json, target=target)
+    prompt = encode_prompt(target.tokenizer, text or "", not a.no_chat_template)
+    t0 = time.perf_counter()
+    result = method.build(models, a.max_new_tokens, a.gamma, config.lookup_tokens)(prompt)
+    seconds = result.seconds or time.perf_counter() - t0
+    settings = {"method": method.name, "label": method.label.format(gamma=a.gamma, lookup_tokens=config.lookup_tokens)}
+    if result.generation is not None:
+        loop = "compiled" if result.generation.trace.method.startswith("compiled") else "eager"
+        show(a, result.generation, target, models.draft, prompt, f"{loop} loop; method {settings['label']}",
+             settings)
+        return 0
+    text_out = target.tokenizer.decode(result.tokens, skip_special_tokens=True)      # a peer: no trace to draw
+    if a.json:
+        print(json.dumps({"text": text_out, "tokens": result.tokens, "prompt_tokens": prompt.tolist(), **settings,
+                          "seconds": seconds}))
     else:
-        print(to_ansi(committed_text(pieces(out.trace, prompt.tolist(), target.tokenizer), out.trace),
-                      colour=sys.stdout.isatty()))
-        s = out.trace.summary()
-        print(f"\n[{s['method']}] {s['new_tokens']} tokens in {s['total_time']:.2f}s ({s['tokens_per_second']:.1f} tok/s), "
-              f"{s['target_forwards']} target forwards, {s['tokens_per_forward']:.2f} tokens/forward (bonus included), "
-              f"acceptance {s['acceptance_rate']:.2f}, stop: {s['stop_reason']}", file=sys.stderr)
-        print(f"[ran on] {ran['cpu']} ({ran['isa']}), {ran['threads']} threads; target: {ran['target']}"
-              + (f"; draft: {ran['draft']}" if draft else "") + f"; {loop} loop ({why})", file=sys.stderr)
+        print(text_out)
+        print(f"\n[{settings['label']}] {len(result.tokens)} tokens in {seconds:.2f}s "
+              f"({len(result.tokens) / seconds:.1f} tok/s)", file=sys.stderr)
+    return 0
+
+
+def cmd_methods(a) -> int:
+    from .bench.methods import METHODS
+    for name, m in METHODS.items():
+        needs = f" (needs: {', '.join(sorted(m.needs))})" if m.needs else ""
+        print(f"{name:24s} {m.label.format(gamma='γ', lookup_tokens='n')}{needs}")
     return 0
 
 
@@ -337,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     from .models.hub import ModelFetchError
     a = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "models": cmd_models, "fetch": cmd_fetch, "bench": cmd_bench,
-                "verify-cost": cmd_verify_cost, "lab": cmd_lab}[a.command](a)
+        return {"generate": cmd_generate, "models": cmd_models, "methods": cmd_methods, "fetch": cmd_fetch,
+                "bench": cmd_bench, "verify-cost": cmd_verify_cost, "lab": cmd_lab}[a.command](a)
     except (ValueError, ModelFetchError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -114,3 +114,24 @@ def test_verify_cost_writes_table_json_and_plot(ckpts, capsys, tmp_path):
     assert all((r["compute_line_s"] is None) == (r["precision"] == "int4") for r in measured)
     code, _, err = run(capsys, "verify-cost", "--model", ckpts[0], "--precisions", "fp8", "--out", str(tmp_path))
     assert code == 2 and "--precisions takes" in err
+
+
+@pytest.mark.parametrize("method", ["suffix", "lookahead", "draft-cost-aware", "lookup"])
+def test_every_bench_method_runs_from_generate_and_equals_plain_decoding(ckpts, capsys, method):
+    code, out, _ = generate(capsys, ckpts[0], "--drafter", "none", "--json", "--max-new-tokens", "16")
+    plain = json.loads(out)
+    code, out, err = generate(capsys, ckpts[0], "--method", method, "--json", "--max-new-tokens", "16")
+    got = json.loads(out)
+    assert code == 0, err
+    assert got["method"] == method and got["tokens"] == plain["tokens"] and got["steps"]
+    assert got["stats"]["method"].split("/")[0] in ("speculative", "tree")
+
+
+def test_methods_lists_the_one_table_and_method_errors_say_what_to_do(ckpts, capsys):
+    code, out, _ = run(capsys, "methods")
+    names = [line.split()[0] for line in out.splitlines()]
+    assert code == 0 and {"suffix", "lookahead", "medusa", "eagle3-tree", "llama-cpp"} <= set(names)
+    code, _, err = generate(capsys, ckpts[0], "--method", "no-such")
+    assert code == 2 and "unknown methods" in err and "suffix" in err
+    code, _, err = generate(capsys, ckpts[0], "--method", "suffix", "--temperature", "1")
+    assert code == 2 and "--temperature 0" in err

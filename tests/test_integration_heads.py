@@ -46,7 +46,7 @@ def drafters(model):
             "eagle3-tree": (EagleDrafter(eagle3, model, vocab3, top_k=8, depth=6), 32)}
 
 
-# floors well under what the heads reach on held-out code (README, "Tree speculation": chains replayed at 1.4-1.8)
+# floors well under what the heads reach on held-out code (docs/trees.md: chains replayed at 1.4-1.8)
 @pytest.mark.parametrize("name,floor", [("medusa", 1.3), ("eagle-chain", 1.05), ("eagle-tree", 1.05),
                                         ("eagle3-chain", 1.1), ("eagle3-tree", 1.2)])
 def test_shipped_heads_are_exact_and_accelerate(setup, name, floor):

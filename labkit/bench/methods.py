@@ -35,6 +35,7 @@ class MethodResult:
     steps: list[list] | None = None      # per step [γ, accepted, bonus, draft s, verify s]; labkit methods only
     seconds: float | None = None         # the method's own clock (llama.cpp: no process start); None: wall time
     prefill_seconds: float | None = None  # reading the prompt, before the first decode step (None: not measured)
+    generation: Generation | None = None  # labkit's methods: the whole run, trace included (what the CLI draws)
 
 
 @dataclass
@@ -72,7 +73,7 @@ def from_generation(out: Generation) -> MethodResult:
     t = out.trace
     steps = [[s.gamma, s.n_accepted, int(s.bonus), round(s.draft_time, 6), round(s.verify_time, 6)] for s in t.steps]
     return MethodResult(out.tokens, t.n_target_forwards, t.draft_time, t.verify_time, steps,
-                        prefill_seconds=t.prefill_time)
+                        prefill_seconds=t.prefill_time, generation=out)
 
 
 def _autoregressive(m: Models, n: int, gamma: int, lookup_tokens: int):
@@ -294,7 +295,7 @@ def _transformers(assisted: bool = False, lookup: bool = False, cross: bool = Fa
 
 
 # tree sizes: a verify pass over 32 tokens cost ~1.2 one-token passes, 64 tokens ~1.7, on the AMX Xeon where
-# these were chosen; on an AVX2-only CPU far more (README, "No speedup on this CPU")
+# these were chosen; on an AVX2-only CPU far more (docs/forward-paths.md)
 MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET, SUFFIX_BUDGET = 32, 8, 6, 32, 24
 # lookahead (W Jacobi columns, n-grams of N, G verified: (N-1)(W+G) tree nodes at most): 12 nodes, which cost about
 # one 1-token forward on the AVX-512 CPUs measured (verify-cost), and a wider window nearer the paper's GPU settings

@@ -156,16 +156,18 @@ def _append(path: Path, record: dict) -> None:
         f.flush()
 
 
-def load_models(config: BenchConfig, progress: bool = True) -> Models:
-    """labkit's pair, and transformers' copies of the checkpoints only when a chosen method needs them."""
+def load_models(config: BenchConfig, progress: bool = True, target=None) -> Models:
+    """labkit's pair, and transformers' copies of the checkpoints only when a chosen method needs them (`target`:
+    the target, already loaded as the config says)."""
     from ..models.checks import DTYPES, check_models
     from ..models.hub import resolve_model
     from ..models.loading import load_draft, load_model
     needs = set().union(*(METHODS[n].needs for n in config.methods))
     check_models(config.target, config.dtype, config.backend, config.device,
                  config.draft if "draft" in needs else None, config.draft_precision)
-    models = Models(load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress),
-                    draft_name=config.draft, draft_window=config.draft_window, loop=config.loop)
+    if target is None:
+        target = load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress)
+    models = Models(target, draft_name=config.draft, draft_window=config.draft_window, loop=config.loop)
     if "draft" in needs:
         models.draft = load_draft(config.draft, models.target, config.draft_precision, config.backend,
                                   progress=progress)
