@@ -125,3 +125,15 @@ def test_every_drafter_lives_in_drafters_behind_one_interface():
                                               "EagleDrafter", "GloeckleDrafter", "DeepSeekDrafter"}
     assert all(d.__module__.startswith("labkit.drafters.") for d in drafters), \
         [d.__module__ for d in drafters if not d.__module__.startswith("labkit.drafters.")]
+
+
+def test_shipped_data_is_found_in_one_place_and_its_absence_says_what_to_do(tmp_path, monkeypatch):
+    from labkit.core.shipped import CHECKOUT, shipped
+    assert shipped("heads", "medusa-qwen2.5-coder-1.5b") == CHECKOUT / "data" / "heads" / "medusa-qwen2.5-coder-1.5b"
+    monkeypatch.setenv("LABKIT_DATA", str(tmp_path))
+    assert shipped("bench", must_exist=False) == tmp_path / "bench"
+    with pytest.raises(FileNotFoundError, match="LABKIT_DATA"):
+        shipped("heads")
+    package = CHECKOUT / "labkit"
+    others = [p for p in package.rglob("*.py") if p.name != "shipped.py" and "parents[2]" in p.read_text()]
+    assert not others, f"find shipped files through labkit.core.shipped, not parents[2]: {others}"

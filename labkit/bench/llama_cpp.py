@@ -17,13 +17,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..core.shipped import CHECKOUT
+
 PROGRAMS = ("llama-completion", "llama-speculative-simple")
 BENCH = "llama-bench"
 
 
 def bin_dir() -> Path:
-    return Path(os.environ.get("LABKIT_LLAMA_CPP") or ROOT / "build" / "llama.cpp" / "bin")
+    return Path(os.environ.get("LABKIT_LLAMA_CPP") or CHECKOUT / "build" / "llama.cpp" / "bin")
 
 
 def available(programs: tuple[str, ...] = PROGRAMS) -> bool:

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from ..core.adaptive import CostAwareGamma, GammaPolicy, HeuristicGamma
+from ..core.shipped import shipped
 from ..core.tree_budget import CostAwareBudget
 from ..decoding.compiled import MAX_GAMMA
 from ..decoding.loops import decode
@@ -229,17 +230,16 @@ def _eagle(top_k: int, depth: int, kind: str = "eagle"):
         _check_heads_target(m)
         from ..drafters.eagle import EagleDrafter, load_eagle
         from ..drafters.eagle3 import load_eagle3
-        from ..drafters.medusa import REPO_HEADS
         head, vocab, _ = (load_eagle3 if kind == "eagle3" else load_eagle)(
-            REPO_HEADS / f"{kind}-qwen2.5-coder-1.5b", m.target.model)
+            shipped("heads", f"{kind}-qwen2.5-coder-1.5b"), m.target.model)
         return EagleDrafter(head, m.target.model, vocab, top_k=top_k, depth=depth)
     return make
 
 
 def _medusa(m: Models):
     _check_heads_target(m)
-    from ..drafters.medusa import REPO_HEADS, MedusaDrafter, load_medusa
-    heads, config = load_medusa(REPO_HEADS / "medusa-qwen2.5-coder-1.5b", m.target.model)
+    from ..drafters.medusa import MedusaDrafter, load_medusa
+    heads, config = load_medusa(shipped("heads", "medusa-qwen2.5-coder-1.5b"), m.target.model)
     return MedusaDrafter(heads, [tuple(c) for c in config["choices"]])
 
 

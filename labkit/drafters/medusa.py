@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..core.sampling import SamplingConfig
+from ..core.shipped import shipped
 from ..core.tree import Tree
 from ..core.tree_acceptance import TreeAcceptance
 from ..core.typical import DELTA, EPSILON, typical_accept
@@ -204,7 +205,7 @@ def typical_accept_rule(epsilon: float = EPSILON, delta: float = DELTA, temperat
 # --- checkpoints -------------------------------------------------------------------------------------
 # <dir>/model.safetensors: blocks.{k}.linear.weight (D, D), .bias (D,), bf16 (~19 MB for 4 heads of D=1536);
 # <dir>/config.json: n_heads, dim, base_model, topk_accuracy, choices, training record; <dir>/PROVENANCE.md
-REPO_HEADS = Path(__file__).resolve().parents[2] / "data" / "heads"     # the shipped heads
+REPO_HEADS = shipped("heads", must_exist=False)     # the shipped heads (core/shipped.py)
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 

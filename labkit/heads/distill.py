@@ -31,10 +31,11 @@ from typing import Iterator
 import torch
 from tqdm.auto import tqdm
 
+from ..core.shipped import shipped
 from ..models.hub import cache_dir
 from .corpus import is_englishish, sharegpt_records, sharegpt_wheel, stdlib_files
 
-QUESTIONS_DIR = Path(__file__).resolve().parents[2] / "data" / "questions"
+QUESTIONS_DIR = shipped("questions", must_exist=False)
 INSTRUCTIONS = {
     "explain": "Explain what this Python function does, step by step.",
     "types": "Annotate this Python function with type hints and document it in a docstring.",

@@ -183,7 +183,8 @@ def measure_paths(model_name: str, specs: list[tuple[str, str]], batch_size: int
 
 
 def write_measurement(model_name: str, specs, batch_size: int, seq_len: int, layers: tuple[int, ...],
-                      out_dir: Path = Path(__file__).resolve().parents[2] / "data" / "bench") -> Path:
+                      out_dir: Path | None = None) -> Path:
+    from ..core.shipped import shipped
     from ..models.calibrate import isa_label, load_average, machine, machine_slug
     m, load_before = machine(), load_average()
     rows = measure_paths(model_name, specs, batch_size, seq_len, layers)
@@ -193,7 +194,7 @@ def write_measurement(model_name: str, specs, batch_size: int, seq_len: int, lay
              f"load average {load_before[0]} before, {load_average()[0]} after.", "",
              "| forward path | precision | seconds per batch | tokens / s |", "|---|---|---|---|"]
     lines += [f"| {r['path']} | {r['precision']} | {r['seconds']} | {r['tokens_per_s']} |" for r in rows]
-    path = out_dir / f"feature_extraction_{machine_slug(m)}.md"
+    path = (out_dir or shipped("bench")) / f"feature_extraction_{machine_slug(m)}.md"
     path.write_text("\n".join(lines) + "\n")
     (path.with_suffix(".json")).write_text(json.dumps({"machine": m, "rows": rows}, indent=1) + "\n")
     print(path.read_text())

@@ -1,0 +1,20 @@
+"""Where the lab's shipped files are: `data/` (trained heads, question sets, benchmark results) and `build/` (a
+peer built from source) sit beside the package in a checkout of the repository. `LABKIT_DATA` points at another
+`data/` folder, for a package installed elsewhere; a missing file is an error that says so."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[2]          # the repository root, when labkit runs from a checkout
+
+
+def shipped(*parts: str, must_exist: bool = True) -> Path:
+    """data/<parts...>: e.g. shipped("heads", "medusa-qwen2.5-coder-1.5b")."""
+    root = Path(os.environ["LABKIT_DATA"]) if os.environ.get("LABKIT_DATA") else CHECKOUT / "data"
+    path = root.joinpath(*parts)
+    if must_exist and not path.exists():
+        raise FileNotFoundError(f"{path} is not here: the lab's shipped data (data/: heads, questions, benchmark "
+                                "results) comes with a checkout of the repository (git clone); where labkit is "
+                                "installed without one, set LABKIT_DATA to a checkout's data/ folder")
+    return path
