@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from kernels import acceptance, tree_attention
 from labkit.bench.writer import markdown_table, subplots, write_outputs
+from labkit.kernels import acceptance, tree_attention
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,8 +25,8 @@ def _import_triton_interpreted() -> None:
         return
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        import kernels.acceptance  # noqa: F401
-        import kernels.tree_attention  # noqa: F401
+        import labkit.kernels.acceptance  # noqa: F401
+        import labkit.kernels.tree_attention  # noqa: F401
     finally:
         del os.environ["TRITON_INTERPRET"]
 

@@ -143,7 +143,7 @@ def test_load_model_rejects_unknown_backend_device_and_dtype(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="torch sees no GPU"):
             load_model(str(tmp_path), device="cuda")
-    with pytest.raises(ValueError, match="int8 weights need labkit's model on a CPU"):
+    with pytest.raises(ValueError, match="int8 weights run labkit's model: use backend 'auto' or 'native'"):
         load_model(str(tmp_path), dtype="int8", backend="hf")
 
 

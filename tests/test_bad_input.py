@@ -7,12 +7,12 @@ import pytest
 import torch
 from conftest import chatml_tokenizer, save_tiny_checkpoint, tiny_model
 
-from kernels.cpu import cpu_flags
 from labkit.cli import main
 from labkit.core.sampling import SamplingConfig
 from labkit.decoding.autoregressive import autoregressive_generate
 from labkit.decoding.speculative import speculative_generate
 from labkit.drafters import DraftModelDrafter
+from labkit.kernels.cpu import cpu_flags
 from labkit.models.loading import encode_prompt
 
 

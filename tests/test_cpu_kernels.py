@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu
+from labkit.kernels import cpu
 
 ok, why = cpu.available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"labkit's CPU kernels do not build here: {why}")

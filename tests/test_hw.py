@@ -7,7 +7,6 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from kernels.tree_attention import ancestor_mask, tree_attention_ref
 from labkit import SpeculativeDecoder
 from labkit.drafters import DraftModelDrafter
 from labkit.hw import (
@@ -24,6 +23,7 @@ from labkit.hw import (
     verify_cost,
 )
 from labkit.hw import device as device_mod
+from labkit.kernels.tree_attention import ancestor_mask, tree_attention_ref
 from labkit.models.transformer import ModelArgs, count_params
 
 QWEN_15B = ModelArgs(vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, hidden_dim=8960,

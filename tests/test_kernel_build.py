@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from kernels import cpu
+from labkit.kernels import cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 ok, why = cpu.available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"labkit's CPU kernels do not build here: {why}")
-LOAD = "from kernels.cpu import load; load(); print('loaded')"
+LOAD = "from labkit.kernels.cpu import load; load(); print('loaded')"
 
 
 def env_with(cache: Path, **extra) -> dict:
@@ -61,7 +61,7 @@ def test_a_live_build_makes_a_second_load_wait_and_a_long_wait_names_the_folder(
         fcntl.flock(lock, fcntl.LOCK_EX)
         lock.write("4242\n")
         lock.flush()
-        code = ("from kernels.cpu import available; ok, why = available(); print(ok); print(why)")
+        code = ("from labkit.kernels.cpu import available; ok, why = available(); print(ok); print(why)")
         res = subprocess.run([sys.executable, "-c", code], env=env_with(tmp_path, LABKIT_BUILD_TIMEOUT="3"),
                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
     out = res.stdout.splitlines()

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import acceptance as acc_k
-from kernels import tree_attention as tree_k
+from labkit import kernels
 from labkit.core.acceptance import greedy_accept, speculative_accept
 from labkit.core.sampling import sample
+from labkit.kernels import acceptance as acc_k
+from labkit.kernels import tree_attention as tree_k
 from labkit.models.transformer import chain_mask
 
 INTERPRET = not torch.cuda.is_available()
@@ -205,7 +205,7 @@ def test_labkit_imports_and_decodes_without_triton():
     import subprocess
     import sys
     code = ("import sys; sys.modules['triton'] = None\n"
-            "import torch, kernels\n"
+            "import torch\nfrom labkit import kernels\n"
             "from labkit.decoding.batched import batched_speculative_generate\n"
             "from labkit.drafters import DraftModelDrafter\n"
             "from labkit.models.transformer import ModelArgs, Transformer\n"

@@ -1,6 +1,7 @@
-"""Where the lab's shipped files are: `data/` (trained heads, question sets, benchmark results) and `build/` (a
-peer built from source) sit beside the package in a checkout of the repository. `LABKIT_DATA` points at another
-`data/` folder, for a package installed elsewhere; a missing file is an error that says so."""
+"""Where the lab's files are. Shipped: `data/` (trained heads, question sets, benchmark results) and `build/` (a
+peer built from source) sit beside the package in a checkout of the repository; `LABKIT_DATA` points at another
+`data/` folder, for a package installed elsewhere, and a missing file is an error that says so. Made here: the
+cache (converted models, compiled kernels, calibration), `cache_dir()`."""
 from __future__ import annotations
 
 import os
@@ -18,3 +19,10 @@ def shipped(*parts: str, must_exist: bool = True) -> Path:
                                 "results) comes with a checkout of the repository (git clone); where labkit is "
                                 "installed without one, set LABKIT_DATA to a checkout's data/ folder")
     return path
+
+
+def cache_dir() -> Path:
+    """$LABKIT_CACHE, else $XDG_CACHE_HOME/labkit, else ~/.cache/labkit."""
+    if os.environ.get("LABKIT_CACHE"):
+        return Path(os.environ["LABKIT_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "labkit"

@@ -20,8 +20,7 @@ import time
 
 import torch
 
-import kernels
-
+from .. import kernels
 from ..core.sampling import (
     GREEDY,
     SamplingConfig,

@@ -65,7 +65,7 @@ class KernelAttention(nn.Module):
     """labkit's per-row decode attention (kernels/cpu); falls back to torch's where it is not compiled."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        from kernels import cpu
+        from ..kernels import cpu
         if q.shape[-1] not in cpu.HEAD_DIMS or q.is_cuda or q.dtype not in (torch.float32, torch.bfloat16):
             return cpu.attention_ref(q, k, v, mask)
         return cpu.decode_attention(q, k, v, mask)                                          # (B, H, T, hd)
@@ -88,7 +88,7 @@ class KernelRMSNorm(nn.Module):
         self.weight, self.eps = norm.weight, norm.eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from kernels import cpu
+        from ..kernels import cpu
         if not _fused_ok(x, x.shape[-1]):
             return cpu.rms_norm_ref(x, self.weight, self.eps)
         return cpu.rms_norm(x, self.weight, self.eps)
@@ -98,7 +98,7 @@ class KernelRotary(nn.Module):
     """model.Rotary in one call per tensor."""
 
     def forward(self, q, k, cos, sin):
-        from kernels import cpu
+        from ..kernels import cpu
         if not _fused_ok(q, q.shape[-1]) or cos.dtype != q.dtype:
             return cpu.rope_ref(q, cos, sin), cpu.rope_ref(k, cos, sin)
         return cpu.rope(q, cos, sin), cpu.rope(k, cos, sin)
@@ -108,7 +108,7 @@ class KernelSwiGLU(nn.Module):
     """model.SwiGLU in one call."""
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        from kernels import cpu
+        from ..kernels import cpu
         if not _fused_ok(gate_up, gate_up.shape[-1] // 2):
             return cpu.silu_mul_ref(gate_up)
         return cpu.silu_mul(gate_up)
@@ -122,7 +122,7 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, wide_rows: int | None = None):
         super().__init__()
-        from kernels import cpu
+        from ..kernels import cpu
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("packed", cpu.pack_linear(linear.weight))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
@@ -143,7 +143,7 @@ class PackedLinear(nn.Module):
         return w[: self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from kernels import cpu
+        from ..kernels import cpu
         if self.wide is not None and x.numel() >= self.wide_rows * self.in_features:
             return self.wide(x).to(x.dtype)
         return cpu.packed_linear(x, self.packed, self.out_features, self.bias)
@@ -241,7 +241,7 @@ class PackedInt4Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        from kernels import cpu
+        from ..kernels import cpu
         self.in_features, self.out_features = linear.in_features, linear.out_features
         packed, scales = cpu.pack_int4(cpu.quantize_int4(linear.weight))
         self.register_buffer("packed", packed)                                        # (N/16, K/4, 32) uint8
@@ -255,11 +255,11 @@ class PackedInt4Linear(nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """The (N, K) weight the 4 bits stand for (a bf16 copy, for code that reads it once)."""
-        from kernels import cpu
+        from ..kernels import cpu
         return cpu.unpack_int4(self.packed, self.scales, self.out_features).dequantize().to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from kernels import cpu
+        from ..kernels import cpu
         return cpu.int4_linear(x, self.packed, self.scales, self.out_features, self.bias)
 
 
@@ -293,7 +293,7 @@ def _linear_for(path: str, precision: str):
 
 def onednn_bf16() -> bool:
     """Whether torch's mkldnn_linear runs bf16 here (it refuses CPUs without these instructions)."""
-    from kernels import cpu
+    from ..kernels import cpu
     flags = cpu.cpu_flags()
     return "avx_ne_convert" in flags or {"avx512bw", "avx512vl", "avx512dq"} <= flags
 
@@ -305,7 +305,7 @@ def check_path(path: str, precision: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: choose from {', '.join(PRECISIONS)}")
     if path.startswith("packed"):
-        from kernels import cpu
+        from ..kernels import cpu
         ok, why = cpu.available()
         if not ok:
             raise ValueError(f"the {path} path cannot run here: {why}")
@@ -313,7 +313,7 @@ def check_path(path: str, precision: str) -> None:
         raise ValueError("oneDNN's bf16 linear needs a CPU with AVX-512 (avx512bw, avx512vl, avx512dq) or "
                          "avx_ne_convert, which this one lacks: use the packed or reference path, or fp32")
     if path == "packed-amx":
-        from kernels import cpu
+        from ..kernels import cpu
         if "amx_bf16" not in cpu.cpu_flags() or precision != "bf16":
             raise ValueError("the packed-amx path needs a CPU with AMX (amx_bf16) and bf16 weights: "
                              "use the packed path")

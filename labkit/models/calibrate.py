@@ -52,7 +52,7 @@ def cpu_name() -> str:
 
 def machine() -> dict:
     """What a timing depends on: the CPU, its vector ISA and matrix units, torch, the threads."""
-    from kernels import cpu
+    from ..kernels import cpu
     flags = cpu.cpu_flags()
     units = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
              if f in flags]
@@ -171,7 +171,7 @@ def _cache_file():
 
 
 def _key(args: ModelArgs, precision: str, m: dict) -> str:
-    from kernels import cpu
+    from ..kernels import cpu
     try:
         build = cpu._build_tag()
     except OSError:

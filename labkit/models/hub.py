@@ -37,6 +37,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..core.shipped import cache_dir  # noqa: F401  (the cache's place, re-exported)
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -85,13 +87,6 @@ CHECKED = ".labkit_verified.json"   # each file's (size, mtime, ctime, inode) wh
 
 class ModelFetchError(RuntimeError):
     """Getting a model onto disk failed; the message says what to do."""
-
-
-def cache_dir() -> Path:
-    """$LABKIT_CACHE, else $XDG_CACHE_HOME/labkit, else ~/.cache/labkit."""
-    if os.environ.get("LABKIT_CACHE"):
-        return Path(os.environ["LABKIT_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "labkit"
 
 
 def converted_dir(name: str) -> Path:

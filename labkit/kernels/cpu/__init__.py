@@ -11,7 +11,7 @@
 - `decode_attention`: T queries over a KV cache, one row at a time (grouped-query heads read each
   key once, hidden slots skipped, softmax in fp32). Reference: `scaled_dot_product_attention`.
 - `rms_norm`, `rope`, `silu_mul`: a decoder layer's per-token operations, each fused into one call
-  that rounds where torch rounds. References: labkit.models.transformer's `rms_norm`, `apply_rope`, `swiglu`.
+  that rounds where torch rounds. References: labkit.core.ops's `rms_norm`, `apply_rope`, `swiglu`.
 
 Both are batch invariant: a row's output has the same bits whether it is computed alone or with
 63 others, so a k-token verify reproduces k one-token steps exactly, in bf16 as in fp32.
@@ -84,7 +84,7 @@ def _build_tag(march: str = "native") -> str:
 
 
 def build_dir() -> Path:
-    from labkit.models.hub import cache_dir
+    from ...core.shipped import cache_dir
     return cache_dir() / "kernels"
 
 
@@ -320,17 +320,17 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_ref(x, weight, eps):
-    from labkit.models.layers import rms_norm as ref
+    from ...core.ops import rms_norm as ref
     return ref(x, weight, eps)
 
 
 def rope_ref(x, cos, sin):
-    from labkit.models.layers import apply_rope
+    from ...core.ops import apply_rope
     return apply_rope(x, cos, sin)
 
 
 def silu_mul_ref(gate_up):
-    from labkit.models.layers import swiglu
+    from ...core.ops import swiglu
     return swiglu(gate_up)
 
 
