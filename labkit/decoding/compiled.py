@@ -48,6 +48,19 @@ def bucket(k: int) -> int:
     return next(b for b in BUCKETS if b >= k)
 
 
+def check_static_loop(model, cuda_graph: bool, max_len: int, least: int, eager: str) -> None:
+    """What a compiled loop needs, or a ValueError that says what to do: labkit's Transformer (`eager`: the loop for
+    other targets), a CUDA device for graphs, a static cache of at least `least` slots."""
+    if not isinstance(model, Transformer):
+        raise ValueError(f"the compiled loops run labkit's own Transformer (static cache, fixed shapes), got "
+                         f"{type(model).__name__}: decode other targets with {eager}")
+    if cuda_graph and model.device.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on "
+                         f"{model.device.type}")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or not least <= max_len:
+        raise ValueError(f"max_len must be an integer >= {least} (the static cache's slots), got {max_len!r}")
+
+
 class FixedShapeStep:
     """`static_forward` over T tokens at T slots, every input a buffer filled in place: one shape, so torch.compile
     traces it once and a CUDA graph records it once. Fill `tokens` (1, T), call `at(first_slot)`, then call it.
@@ -227,15 +240,7 @@ class CompiledSpeculativeDecoder(Decoder):
 
     def __init__(self, model: Transformer, drafter: Drafter, max_len: int, compile: bool | str = False,
                  cuda_graph: bool = False, compile_backend: str = "inductor", compile_options: dict | None = None):
-        if not isinstance(model, Transformer):
-            raise ValueError(f"the compiled loop runs labkit's own Transformer (static cache, fixed shapes), got "
-                             f"{type(model).__name__}: decode other targets with speculative_generate")
-        if cuda_graph and model.device.type != "cuda":
-            raise ValueError(f"cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on "
-                             f"{model.device.type}")
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or not MAX_GAMMA + 2 <= max_len:
-            raise ValueError(f"max_len must be an integer >= {MAX_GAMMA + 2} (the static caches' slots), "
-                             f"got {max_len!r}")
+        check_static_loop(model, cuda_graph, max_len, MAX_GAMMA + 2, "speculative_generate")
         # every shape is a recompile of the same small function: let dynamo keep them all (its default keeps 8)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self.compiled = dict(compile=compile, cuda_graph=cuda_graph, compile_backend=compile_backend,

@@ -34,7 +34,7 @@ from ..drafters.base import Drafter, Proposal
 from ..models.target import as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
-from .compiled import Clock, FixedShapeStep
+from .compiled import Clock, FixedShapeStep, check_static_loop
 from .static import StaticKVCache, static_forward
 
 TREE_BUCKETS = (8, 16, 32, 64)     # tree sizes the verify forward is compiled for; N nodes pad up to the next one
@@ -114,15 +114,7 @@ class CompiledTreeDecoder(Decoder):
 
     def __init__(self, model: Transformer, drafter: Drafter, max_len: int, compile: bool | str = False,
                  cuda_graph: bool = False, compile_backend: str = "inductor", compile_options: dict | None = None):
-        if not isinstance(model, Transformer):
-            raise ValueError(f"the compiled tree loop runs labkit's own Transformer, got {type(model).__name__}: "
-                             "decode other targets with labkit.decoding.tree.tree_generate")
-        if cuda_graph and model.device.type != "cuda":
-            raise ValueError(f"cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on "
-                             f"{model.device.type}")
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or not MAX_NODES + 2 <= max_len:
-            raise ValueError(f"max_len must be an integer >= {MAX_NODES + 2} (the static cache's slots), "
-                             f"got {max_len!r}")
+        check_static_loop(model, cuda_graph, max_len, MAX_NODES + 2, "labkit.decoding.tree.tree_generate")
         how = dict(compile=compile, cuda_graph=cuda_graph, compile_backend=compile_backend,
                    compile_options=compile_options)
         a, p = model.args, model.embed_tokens.weight
