@@ -18,6 +18,13 @@ import torch
 from .drafters.draft_model import DEFAULT_WINDOW
 
 DRAFTERS = ("draft", "lookup", "none")
+# train WHAT: the module whose main runs it, and what it makes (each keeps its own options)
+TRAINERS = {"distill": ("labkit.heads.distill", "the target's own answers to train heads on"),
+            "features": ("labkit.heads.features", "the target's features of those answers"),
+            "medusa": ("labkit.heads.train_medusa", "Medusa-1 heads"),
+            "eagle": ("labkit.heads.train_eagle", "an EAGLE or EAGLE-3 head (--kind)"),
+            "data-curve": ("labkit.heads.data_curve", "heads trained on growing data, replayed"),
+            "mtp": ("labkit.mtp.train", "a multi-token model from a config")}
 POLICIES = ("fixed", "heuristic", "cost-aware")
 DRAFT_PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
 
@@ -100,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object instead of coloured text")
     sub.add_parser("models", help="list the embedded model presets and whether they are on disk")
     sub.add_parser("methods", help="list every method `generate --method` and `bench --methods` run")
+    t = sub.add_parser("train", help="train a drafter (the target's answers, features, heads, multi-token models); "
+                                     "`train WHAT --help` for its options")
+    t.add_argument("what", choices=TRAINERS, help="what to run: " + "; ".join(f"{k}: {v[1]}" for k, v in
+                                                                            TRAINERS.items()))
+    t.add_argument("args", nargs=argparse.REMAINDER, help="its own options")
     f = sub.add_parser("fetch", help="download, verify and convert presets (all when none named)")
     f.add_argument("names", nargs="*")
     add_bench_parser(sub)
@@ -289,6 +301,17 @@ def generate_method(a, text: str) -> int:
     return 0
 
 
+def cmd_train(a) -> int:
+    """train WHAT ARGS...: the module's own main, with its own options."""
+    import importlib
+    program, sys.argv[0] = sys.argv[0], f"python -m labkit train {a.what}"     # what its own --help calls it
+    try:
+        importlib.import_module(TRAINERS[a.what][0]).main(a.args)
+    finally:
+        sys.argv[0] = program
+    return 0
+
+
 def cmd_methods(a) -> int:
     from .bench.methods import METHODS
     for name, m in METHODS.items():
@@ -397,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "models": cmd_models, "methods": cmd_methods, "fetch": cmd_fetch,
-                "bench": cmd_bench, "verify-cost": cmd_verify_cost, "lab": cmd_lab}[a.command](a)
+                "bench": cmd_bench, "verify-cost": cmd_verify_cost, "lab": cmd_lab, "train": cmd_train}[a.command](a)
     except (ValueError, ModelFetchError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -135,3 +135,14 @@ def test_methods_lists_the_one_table_and_method_errors_say_what_to_do(ckpts, cap
     assert code == 2 and "unknown methods" in err and "suffix" in err
     code, _, err = generate(capsys, ckpts[0], "--method", "suffix", "--temperature", "1")
     assert code == 2 and "--temperature 0" in err
+
+
+def test_training_runs_from_the_one_command_line(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["train", "eagle", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "python -m labkit train eagle" in out and "--kind" in out
+    with pytest.raises(SystemExit) as done:
+        main(["train", "nothing"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "invalid choice" in err and "medusa" in err
