@@ -8,12 +8,23 @@
     cross_tokenizer  a draft model with another tokenizer, drafting through text
     medusa         Medusa-1 heads on the target's features, a static top-k tree
     eagle          an EAGLE feature-level head, EAGLE-2 dynamic trees
+    eagle3         an EAGLE-3 head: three target blocks fused, trained on its own outputs (training-time test)
     mtp, mtp_tree  multi-token heads drafting for their own model (Gloeckle, DeepSeek-V3)
     replay         replayed acceptance: a recorded run's accepted lengths, for timing random-weight models
 """
 from .base import Drafter, Proposal
+from .cross_tokenizer import CrossTokenizerDrafter, TokenIntersectionDrafter
 from .draft_model import DraftModelDrafter
+from .eagle import EagleDrafter
+from .layer_skip import LayerSkipDrafter
+from .lookahead import LookaheadDrafter
+from .medusa import MedusaDrafter
+from .mtp import DeepSeekDrafter, GloeckleDrafter, MTPDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .replay import CostOnly, PacedDrafter, ReplayDrafter, ReplayTreeDrafter
 from .suffix import SuffixDrafter
 
-__all__ = ["Drafter", "Proposal", "DraftModelDrafter", "PromptLookupDrafter", "SuffixDrafter"]
+__all__ = ["Drafter", "Proposal", "CrossTokenizerDrafter", "TokenIntersectionDrafter", "DraftModelDrafter",
+           "EagleDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter", "MTPDrafter", "GloeckleDrafter",
+           "DeepSeekDrafter", "PromptLookupDrafter", "ReplayDrafter", "ReplayTreeDrafter", "PacedDrafter", "CostOnly",
+           "SuffixDrafter"]
