@@ -4,7 +4,8 @@ On CPU: greedy output equals `autoregressive_generate` token for token for suffi
 static tree (random heads: exactness does not depend on their quality) and replayed trees, at budgets that pad
 every bucket; each step keeps what the eager tree loop's step keeps; the device acceptance agrees with the host
 rule on random trees; replayed tree acceptance equals the recording. The steps run eagerly or traced by dynamo,
-whole or a block at a time; CUDA graphs run in the GPU variant (scripts/gpu_check.py runs it).
+whole or a block at a time; EAGLE-3 reads three blocks' outputs from the compiled verify; CUDA graphs run in the GPU
+variant (scripts/gpu_check.py runs it).
 """
 import pytest
 import torch
@@ -45,6 +46,13 @@ def medusa(target, seed=1):
     for block in heads.blocks:                          # random, not zero: the heads guess something
         torch.nn.init.normal_(block.linear.weight, std=0.5)
     return MedusaDrafter(heads, MEDUSA_CHOICES)
+
+
+class ReadsOwnTarget(SuffixDrafter):
+    name = "own-target"
+
+    def tree_target(self, target):                # as multi-token heads do (drafters/mtp_tree.py)
+        return object()
 
 
 def test_buckets_round_tree_sizes_up():
@@ -129,11 +137,8 @@ def test_bad_requests_say_what_to_do(target):
         dec.start(PROMPTS[0], 100)
     with pytest.raises(ValueError, match="max_len must be"):
         CompiledTreeDecoder(target, SuffixDrafter(), max_len=20)
-    deeper = tiny_model(seed=0, n_layers=3)
-    eagle3 = EagleDrafter(Eagle3Head(EagleConfig.for_target(deeper, hidden_dim=32, layers=(0, 1, 2)),
-                                     deeper.vocab_size), deeper)
-    with pytest.raises(ValueError, match="other features.*tree_generate"):
-        CompiledTreeDecoder(deeper, eagle3, max_len=128)
+    with pytest.raises(ValueError, match="a target of its own.*tree_generate"):
+        CompiledTreeDecoder(target, ReadsOwnTarget(), max_len=128)
 
 
 @CUDA
@@ -144,3 +149,20 @@ def test_cuda_graphs_tree_greedy_equals_autoregressive_on_gpu():
         for prompt in PROMPTS:
             want = autoregressive_generate(model, prompt, max_new_tokens=24).tokens
             assert dec.generate(prompt, 24, budget=12).tokens == want
+
+
+@pytest.mark.parametrize("compile", [False, "blocks"], ids=["static", "traced-blocks"])
+def test_eagle3_reads_three_blocks_from_the_verify_and_stays_exact(compile):
+    deeper = tiny_model(seed=0, n_layers=3)
+    torch.manual_seed(2)
+    head = Eagle3Head(EagleConfig.for_target(deeper, hidden_dim=32, layers=(0, 1, 2)), deeper.vocab_size)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    prompt = PROMPTS[0]
+    eager = tree_generate(deeper, EagleDrafter(head, deeper, top_k=3, depth=3), prompt, 24, budget=10)
+    dec = CompiledTreeDecoder(deeper, EagleDrafter(head, deeper, top_k=3, depth=3), max_len=128, compile=compile,
+                              compile_backend="eager")
+    fast = dec.generate(prompt, 24, budget=10)
+    assert dec.taps == (0, 1, 2) and fast.tokens == eager.tokens
+    assert fast.tokens == autoregressive_generate(deeper, prompt, max_new_tokens=24).tokens
+    assert [(s.proposed, s.path) for s in fast.trace.steps] == [(s.proposed, s.path) for s in eager.trace.steps]

@@ -66,11 +66,12 @@ class FixedShapeStep:
     traces it once and a CUDA graph records it once. Fill `tokens` (1, T), call `at(first_slot)`, then call it.
 
     tree=True: the positions (T,) and the mask (T, max_len) are buffers too (a tree's depths and ancestors, filled
-    by the caller), and a call returns (hidden (1, T, D), logits (1, T, V)).
+    by the caller), and a call returns (features (1, T, F), logits (1, T, V)): the final hidden states, or with
+    `taps` those blocks' outputs too (static_forward).
     """
 
     def __init__(self, model: Transformer, cache: StaticKVCache, width: int, compile: bool | str, cuda_graph: bool,
-                 compile_backend: str, compile_options: dict | None, tree: bool = False):
+                 compile_backend: str, compile_options: dict | None, tree: bool = False, taps: tuple[int, ...] = ()):
         device = model.device
         self.cache, self.cuda_graph = cache, cuda_graph
         self.tokens = torch.zeros(1, width, dtype=torch.long, device=device)     # (1, T) valid ids, always
@@ -81,7 +82,7 @@ class FixedShapeStep:
             self.positions = torch.arange(width, device=device)                  # (T,)
             self.mask = torch.ones(width, cache.max_len, dtype=torch.bool, device=device)  # (T, max_len)
         self.forward = compiled(lambda run_block: static_forward(model, cache, self.tokens, self.positions, self.mask,
-                                                                 run_block, hidden=tree),
+                                                                 run_block, hidden=tree, taps=taps),
                                 compile, compile_backend, compile_options)
         self.graph, self.out = None, None
 

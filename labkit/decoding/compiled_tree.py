@@ -16,7 +16,7 @@ static cache of compiled.py, for drafters that propose trees (Medusa's static tr
    right after the committed ones (Medusa's compaction), on the device; every other branch is dropped.
 
 Greedy, batch size 1, labkit's own `Transformer` as the target; drafters that read the final hidden states
-(Medusa) get them as in the eager loop. Greedy output equals `autoregressive_generate`'s token for token
+(Medusa, EAGLE) or three blocks' outputs besides (EAGLE-3) get them from the verify as in the eager loop. Greedy output equals `autoregressive_generate`'s token for token
 (tests/test_compiled_tree.py); scripts/gpu_check.py times it on a GPU.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ..core.trace import Step
 from ..core.tree import Tree
 from ..core.tree_budget import CostAwareBudget, FixedBudget
 from ..drafters.base import Drafter, Proposal
+from ..drafters.eagle3 import LayerTapsTarget
 from ..models.target import as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
@@ -100,6 +101,19 @@ def greedy_tree_accept_on_device(t: DeviceTree, target_logits: torch.Tensor) -> 
     return TreeAcceptanceOnDevice(n, keep_rows, target[last_row])
 
 
+def feature_taps(model: Transformer, drafter: Drafter) -> tuple[int, ...]:
+    """The blocks whose outputs `drafter` reads besides the final hidden states: () for Medusa and EAGLE, EAGLE-3's
+    three; a ValueError for a drafter that needs another kind of target."""
+    plain = as_tree_target(model)
+    wanted = drafter.tree_target(plain)
+    if wanted is plain:
+        return ()
+    if isinstance(wanted, LayerTapsTarget) and wanted.model is model:
+        return tuple(wanted.layers)
+    raise ValueError(f"the {drafter.name} drafter reads a target of its own ({type(wanted).__name__}): decode it "
+                     "with labkit.decoding.tree.tree_generate")
+
+
 class CompiledTreeDecoder(Decoder):
     """Tree speculative decoding on a static cache: eager, compiled, and/or replayed as CUDA graphs. Greedy.
 
@@ -115,26 +129,26 @@ class CompiledTreeDecoder(Decoder):
     def __init__(self, model: Transformer, drafter: Drafter, max_len: int, compile: bool | str = False,
                  cuda_graph: bool = False, compile_backend: str = "inductor", compile_options: dict | None = None):
         check_static_loop(model, cuda_graph, max_len, MAX_NODES + 2, "labkit.decoding.tree.tree_generate")
-        how = dict(compile=compile, cuda_graph=cuda_graph, compile_backend=compile_backend,
-                   compile_options=compile_options)
+        self.how = dict(compile=compile, cuda_graph=cuda_graph, compile_backend=compile_backend,
+                        compile_options=compile_options)
         a, p = model.args, model.embed_tokens.weight
-        self.model, self.max_len = model, max_len
+        self.model, self.max_len, self.taps = model, max_len, None
         self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
-        self.verify_steps = {b: FixedShapeStep(model, self.cache, 1 + b, tree=True, **how) for b in TREE_BUCKETS}
         self.use_drafter(drafter)
 
     def use_drafter(self, drafter: Drafter) -> None:
-        """Draft with `drafter` from the next `start` on, keeping the compiled shapes and graphs."""
+        """Draft with `drafter` from the next `start` on, keeping the compiled shapes and graphs (a drafter that
+        reads other blocks' outputs gets verify shapes of its own)."""
         check_drafter(drafter)
         if drafter.reads_verdict:
             raise ValueError(f"the {drafter.name} drafter reads the target's verdict on every node: decode it with "
                              "labkit.decoding.tree.tree_generate")
-        as_target = as_tree_target(self.model)
-        if drafter.tree_target(as_target) is not as_target:
-            raise ValueError(f"the {drafter.name} drafter reads other features than the final hidden states: decode "
-                             "it with labkit.decoding.tree.tree_generate")
+        taps = feature_taps(self.model, drafter)
         drafter.check_target(self.model)
-        self.drafter = drafter
+        if taps != self.taps:
+            self.verify_steps = {b: FixedShapeStep(self.model, self.cache, 1 + b, tree=True, taps=taps, **self.how)
+                                 for b in TREE_BUCKETS}
+        self.drafter, self.taps = drafter, taps
 
     @torch.no_grad()
     def warmup(self, budgets=None) -> None:
@@ -168,11 +182,13 @@ class CompiledTreeDecoder(Decoder):
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
         T = self.prompt.numel()
-        features = torch.zeros(0, self.model.args.dim, dtype=self.model.embed_tokens.weight.dtype, device=device)
+        features = torch.zeros(0, (len(self.taps) + 1) * self.model.args.dim,
+                               dtype=self.model.embed_tokens.weight.dtype, device=device)   # (0, F)
         self.cache.slots = torch.arange(T - 1, device=device)
         if T > 1:
-            features, _ = static_forward(self.model, self.cache, self.prompt[None, :-1].to(device), hidden=True)
-            features = features[0]                                                   # (T-1, D)
+            features, _ = static_forward(self.model, self.cache, self.prompt[None, :-1].to(device), hidden=True,
+                                         taps=self.taps)
+            features = features[0]                                                   # (T-1, F)
         self.cache.length = T - 1                          # every committed token but the last
         self.drafter.start(self.prompt, features if self.drafter.reads_features else None)
         sync()

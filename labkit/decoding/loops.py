@@ -21,12 +21,11 @@ from ..core.sampling import GREEDY, SamplingConfig
 from ..core.tree_budget import CostAwareBudget, FixedBudget
 from ..drafters.base import Drafter
 from ..drafters.draft_model import DraftModelDrafter
-from ..models.target import as_tree_target
 from ..models.transformer import Transformer
 from .autoregressive import autoregressive_generate
 from .base import Generation
 from .compiled import MAX_GAMMA, CompiledSpeculativeDecoder
-from .compiled_tree import MAX_NODES, CompiledTreeDecoder
+from .compiled_tree import MAX_NODES, CompiledTreeDecoder, feature_taps
 from .speculative import speculative_generate
 from .static import StaticDecoder
 from .tree import tree_generate
@@ -46,9 +45,10 @@ def why_not_compiled(model, drafter: Drafter | None, gamma, sampling: SamplingCo
     if tree:
         if not sampling.greedy:
             return "the compiled tree loop accepts greedily"
-        target = as_tree_target(model)
-        if drafter.tree_target(target) is not target:
-            return f"the {drafter.name} drafter reads other features than the final hidden states"
+        try:
+            feature_taps(model, drafter)
+        except ValueError:
+            return f"the {drafter.name} drafter reads a target of its own"
         nodes = gamma.max_budget if isinstance(gamma, CostAwareBudget) else \
             gamma.nodes if isinstance(gamma, FixedBudget) else gamma
         return None if nodes <= MAX_NODES else f"a tree of {nodes} nodes (the compiled verify has up to {MAX_NODES})"

@@ -100,21 +100,33 @@ def compiled(forward, compile: bool | str, backend: str = "inductor", options: d
 
 
 def static_forward(model: Transformer, cache: StaticKVCache, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                   mask: torch.Tensor | None = None, run_block=None, hidden: bool = False):
+                   mask: torch.Tensor | None = None, run_block=None, hidden: bool = False, taps: tuple[int, ...] = ()):
     """Logits (B, T, V) of `tokens` (B, T) written at slots `cache.slots`; fixed shapes, no Python state.
 
     positions (T,): RoPE positions, default the slots; mask (T, max_len): the slots each token sees, default
     those at or before its own (a tree passes depths and its ancestor mask). run_block: how to run each layer
-    (compile_blocks). hidden: return (final hidden states (B, T, D), logits).
+    (compile_blocks). hidden: return (features, logits), the features being the final hidden states (B, T, D),
+    or with `taps` the outputs of those blocks and then the final hidden states (B, T, (len(taps) + 1) D), as
+    EAGLE-3 reads them (drafters/eagle3.layer_taps).
     """
     B, T = tokens.shape
     if positions is None:
         positions = cache.slots
     if mask is None:
         mask = torch.arange(cache.max_len, device=tokens.device) <= cache.slots[:, None]  # (T, max_len)
-    h = model.blocks(tokens, cache, positions.expand(B, T), mask, run_block)             # (B, T, D)
+    tapped = []
+
+    def tapping(block, x, cos, sin, cache, layer, mask):                                 # each block, its output kept
+        y = block(x, cos, sin, cache, layer, mask) if run_block is None else run_block(block, x, cos, sin, cache,
+                                                                                       layer, mask)
+        if layer in taps:
+            tapped.append(y)                                                             # (B, T, D)
+        return y
+    h = model.blocks(tokens, cache, positions.expand(B, T), mask, tapping if taps else run_block)  # (B, T, D)
     logits = model.lm_head(h).float()                                                    # (B, T, V)
-    return (h, logits) if hidden else logits
+    if not hidden:
+        return logits
+    return (torch.cat(tapped + [h], dim=-1) if taps else h), logits
 
 
 class StaticDecoder:
