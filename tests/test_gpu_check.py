@@ -1,5 +1,5 @@
-"""scripts/gpu_check.py's code path on a CPU (--smoke: tiny shapes, traced steps, no graphs, no tests), so the
-script a GPU machine runs once, offline, has run before it gets there."""
+"""scripts/gpu_check.py's code path on a CPU (--smoke: tiny shapes, steps traced a block at a time, chain and tree
+replays, no graphs, no tests), so the script a GPU machine runs once, offline, has run before it gets there."""
 import importlib.util
 import json
 from pathlib import Path
@@ -14,12 +14,13 @@ def test_smoke_run_writes_every_output_and_replays_the_recorded_acceptance(tmp_p
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
     result = gpu_check.main(["--smoke", "--out", str(tmp_path), "--prompt-len", "12", "--new-tokens", "32"])
-    assert [run["mode"] for run in result["runs"]] == ["static, traced (smoke)", "eager loop"]
+    assert [run["mode"] for run in result["runs"]] == ["static, traced a block at a time (smoke)", "eager loop"]
     rows = result["runs"][0]["rows"] + result["runs"][1]["rows"]
     assert [r["method"].split(" (")[0] for r in rows] == ["compiled AR"] + ["compiled speculation"] * 2 \
-        + ["eager loop"] * 2
-    assert [r.get("replay") for r in rows] == [None, "lookup", "draft", "lookup", "draft"]
+        + ["compiled tree speculation"] * 2 + ["eager loop"] * 2
+    assert [r.get("replay") for r in rows] == [None, "lookup", "draft", "medusa", "eagle3", "lookup", "draft"]
     assert all(r["replay_equals_recorded"] and r["tokens_equal_continuation"] for r in rows[1:])
+    assert all(r["predicted_speedup"] and r["measured_over_predicted"] for r in rows[1:])   # the step-wise prediction
     for name in ("gpu_spec.json", "gpu_spec.md", "gpu_spec.png"):
         assert (tmp_path / name).is_file() and (tmp_path / "device_out" / name).is_file()
     assert json.loads((tmp_path / "gpu_spec.json").read_text())["label"] == "replayed acceptance"

@@ -10,7 +10,8 @@ import torch
 from conftest import tiny_model
 
 from labkit import autoregressive_generate
-from labkit.decoding.static import StaticDecoder, StaticKVCache, static_forward
+from labkit.decoding.static import StaticDecoder, static_forward
+from labkit.models.kv_cache import StaticKVCache
 
 
 def test_static_forward_equals_forward_for_prefill_and_steps(tiny_target):

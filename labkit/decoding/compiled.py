@@ -35,9 +35,10 @@ from ..core.trace import Step
 from ..drafters.base import Drafter
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.replay import PacedDrafter
+from ..models.kv_cache import StaticKVCache
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
-from .static import StaticKVCache, capture_graph, compiled, static_forward
+from .static import capture_graph, compiled, static_forward
 
 BUCKETS = (1, 2, 4, 8)      # draft lengths the verify forward is compiled for; K pads up to the next one
 MAX_GAMMA = BUCKETS[-1]

@@ -32,11 +32,12 @@ from ..core.tree import Tree
 from ..core.tree_budget import CostAwareBudget, FixedBudget
 from ..drafters.base import Drafter, Proposal
 from ..drafters.eagle3 import LayerTapsTarget
+from ..models.kv_cache import StaticKVCache
 from ..models.target import as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
 from .compiled import Clock, FixedShapeStep, check_static_loop
-from .static import StaticKVCache, static_forward
+from .static import static_forward
 
 TREE_BUCKETS = (8, 16, 32, 64)     # tree sizes the verify forward is compiled for; N nodes pad up to the next one
 MAX_NODES = TREE_BUCKETS[-1]

@@ -20,38 +20,9 @@ import time
 import torch
 
 from ..core.trace import Step, Trace
-from ..models.kv_cache import KVCache
+from ..models.kv_cache import LayerSlots, StaticKVCache
 from ..models.transformer import Transformer
 from .base import Generation
-
-
-class StaticKVCache(KVCache):
-    """A KVCache whose writes go to the slots in the tensor `slots` and whose reads return all slots.
-
-    `slots` (T,) holds the slot (= position) of each token of the next forward. The attention
-    sees every one of the `max_len` slots; the mask (slot <= position) hides the stale ones.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.slots = torch.zeros(1, dtype=torch.long, device=self.k.device)    # (T,)
-
-    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
-        """Store (B, Hkv, T, hd) at `slots`; return the whole buffers (B, Hkv, max_len, hd)."""
-        return LayerSlots(self.k[layer], self.v[layer], self.slots).write(0, k_new, v_new)
-
-
-class LayerSlots:
-    """One layer of a StaticKVCache, as the attention sees it: `write` stores at `slots` and returns the layer's
-    whole buffers. What a compiled block reads, so that every layer passes it the same kind of input."""
-
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
-        self.k, self.v, self.slots = k, v, slots            # (B, Hkv, max_len, hd) x 2, (T,)
-
-    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
-        self.k.index_copy_(2, self.slots, k_new)
-        self.v.index_copy_(2, self.slots, v_new)
-        return self.k, self.v
 
 
 def block_step(block, x, cos, sin, k, v, slots, mask):
