@@ -38,7 +38,7 @@ from ..drafters.replay import PacedDrafter
 from ..models.kv_cache import StaticKVCache
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
-from .static import capture_graph, compiled, static_forward
+from .static import capture_graph, compiled, prefill, static_forward
 
 BUCKETS = (1, 2, 4, 8)      # draft lengths the verify forward is compiled for; K pads up to the next one
 MAX_GAMMA = BUCKETS[-1]
@@ -186,10 +186,7 @@ class StaticDraft:
 
     def start(self, prompt: torch.Tensor) -> None:
         """Prefill with the prompt but its last token, as the target's cache is (eagerly: one shape per prompt)."""
-        self.cache.slots = torch.arange(prompt.numel() - 1, device=self.model.device)
-        if prompt.numel() > 1:
-            static_forward(self.model, self.cache, prompt[None, :-1].to(self.model.device))
-        self.cache.length = prompt.numel() - 1
+        prefill(self.model, self.cache, prompt[:-1])
 
     def propose(self, tokens: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -306,10 +303,7 @@ class CompiledSpeculativeDecoder(Decoder):
         self.device_generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
-        self.cache.slots = torch.arange(self.prompt.numel() - 1, device=device)
-        if self.prompt.numel() > 1:
-            static_forward(self.model, self.cache, self.prompt[None, :-1].to(device))
-        self.cache.length = self.prompt.numel() - 1            # every committed token but the last
+        prefill(self.model, self.cache, self.prompt[:-1])      # every committed token but the last
         if self.draft is not None:
             self.draft.start(self.prompt)
         if self.host_drafter is not None:

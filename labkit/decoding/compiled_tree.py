@@ -37,7 +37,7 @@ from ..models.target import as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
 from .compiled import Clock, FixedShapeStep, check_static_loop
-from .static import static_forward
+from .static import prefill
 
 TREE_BUCKETS = (8, 16, 32, 64)     # tree sizes the verify forward is compiled for; N nodes pad up to the next one
 MAX_NODES = TREE_BUCKETS[-1]
@@ -182,15 +182,11 @@ class CompiledTreeDecoder(Decoder):
         device = self.model.device
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
-        T = self.prompt.numel()
         features = torch.zeros(0, (len(self.taps) + 1) * self.model.args.dim,
                                dtype=self.model.embed_tokens.weight.dtype, device=device)   # (0, F)
-        self.cache.slots = torch.arange(T - 1, device=device)
-        if T > 1:
-            features, _ = static_forward(self.model, self.cache, self.prompt[None, :-1].to(device), hidden=True,
-                                         taps=self.taps)
-            features = features[0]                                                   # (T-1, F)
-        self.cache.length = T - 1                          # every committed token but the last
+        out = prefill(self.model, self.cache, self.prompt[:-1], hidden=True, taps=self.taps)  # all but the last
+        if out is not None:
+            features = out[0][0]                                                     # (T-1, F)
         self.drafter.start(self.prompt, features if self.drafter.reads_features else None)
         sync()
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0

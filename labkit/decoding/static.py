@@ -100,6 +100,16 @@ def static_forward(model: Transformer, cache: StaticKVCache, tokens: torch.Tenso
     return (torch.cat(tapped + [h], dim=-1) if taps else h), logits
 
 
+def prefill(model: Transformer, cache: StaticKVCache, tokens: torch.Tensor, **kwargs):
+    """Write `tokens` (T,) at slots 0 .. T-1 (eagerly: one shape per prompt) and make them the cache's length;
+    `static_forward`'s output for them (kwargs pass through), None for no tokens."""
+    T = tokens.numel()
+    cache.slots = torch.arange(T, device=model.device)
+    out = static_forward(model, cache, tokens[None].to(model.device), **kwargs) if T else None
+    cache.length = T
+    return out
+
+
 class StaticDecoder:
     """Greedy decoding through `static_forward`: eager, compiled, and/or replayed as a CUDA graph.
 
@@ -133,11 +143,8 @@ class StaticDecoder:
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         """Run the prompt (T,) through the model (eagerly: one shape per prompt); logits (V,) of its last token."""
-        T = prompt_ids.numel()
-        self.cache.slots = torch.arange(T, device=self.model.device)
-        logits = static_forward(self.model, self.cache, prompt_ids[None].to(self.model.device))  # (1, T, V)
+        logits = prefill(self.model, self.cache, prompt_ids)                              # (1, T, V)
         self.cache.slots = self.step_slot
-        self.cache.length = T
         return logits[0, -1]
 
     @torch.no_grad()
