@@ -50,6 +50,12 @@ def compiled_bound(device: str, loop: str) -> bool:
     return loop == "compiled" or (loop == "auto" and check_load_args("bf16", "auto", device)[0] == "cuda")
 
 
+def concrete_dtype(a) -> str:
+    """--dtype with auto resolved for the device (bf16, or fp16 on a GPU without bf16), as a bench run's key names it."""
+    from .models.checks import check_load_args, resolve_dtype
+    return resolve_dtype(a.dtype, check_load_args(a.dtype, a.backend, a.device)[0])
+
+
 def resolve_window(window: int | str | None, device: str, loop: str) -> int | None:
     """--draft-window auto: the whole context where the compiled loops run (their draft reads it all, and a GPU
     reads a long prompt in one fast prefill), DEFAULT_WINDOW tokens on the eager loop (a CPU's draft prefill)."""
@@ -196,12 +202,13 @@ def make_drafter(kind: str, draft_model=None, eos_token_ids=(), window: int | No
 
 
 def make_policy(name: str, gamma: int, compiled: bool = False):
-    """The --policy's γ policy; on the compiled loop an adaptive one drafts at most its 8 draft tokens a step."""
+    """The --policy's γ policy; on the compiled loop an adaptive one drafts at most the verify's MAX_GAMMA tokens."""
     from .core.adaptive import CostAwareGamma, FixedGamma, HeuristicGamma
     if name == "fixed":
         return FixedGamma(gamma)
+    from .decoding.compiled import MAX_GAMMA
     policy = {"heuristic": HeuristicGamma, "cost-aware": CostAwareGamma}[name]
-    return policy(gamma, max_gamma=8) if compiled else policy(gamma)
+    return policy(gamma, max_gamma=MAX_GAMMA) if compiled else policy(gamma)
 
 
 def cmd_generate(a) -> int:
@@ -267,12 +274,11 @@ def generate_method(a, text: str) -> int:
 
     from .bench.methods import METHODS
     from .bench.runner import BenchConfig, load_models
-    from .models.checks import check_load_args, resolve_dtype
     from .models.loading import encode_prompt, load_model
     if a.temperature != 0:
         raise ValueError(f"--method runs the bench's methods, which decode greedily: use --temperature 0, or "
                          f"--drafter for sampling (got --temperature {a.temperature})")
-    dtype = resolve_dtype(a.dtype, check_load_args(a.dtype, a.backend, a.device)[0])
+    dtype = concrete_dtype(a)
     config = BenchConfig("", "", [a.method], a.target, a.draft, dtype, a.max_new_tokens, a.gamma,
                          backend=a.backend, device=a.device, draft_precision=a.draft_precision,
                          draft_window=resolve_window(a.draft_window, a.device, a.loop), loop=a.loop,
@@ -350,8 +356,7 @@ def cmd_bench(a) -> int:
 
     def split(s):
         return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
-    from .models.checks import check_load_args, resolve_dtype
-    dtype = resolve_dtype(a.dtype, check_load_args(a.dtype, a.backend, a.device)[0])    # a run's key names it
+    dtype = concrete_dtype(a)                                                         # a run's key names it
     config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, dtype, a.max_new_tokens,
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit,
                          a.backend, a.device, a.draft_precision, resolve_window(a.draft_window, a.device, a.loop),
