@@ -89,7 +89,7 @@ MTP_MODELS := next gloeckle4 deepseek3 gloeckle8 gloeckle4_w01 next_600 gloeckle
               gloeckle4_w01_600_t10 gloeckle4_w005_600_t10 next_778_t10
 .PHONY: train-mtp
 train-mtp: venv
-	for m in $(MTP_MODELS); do $(PY) -m labkit.mtp.train --config data/mtp/configs/$$m.json --out data/mtp || exit 1; done
+	for m in $(MTP_MODELS); do $(PY) -m labkit.training.train_mtp --config data/mtp/configs/$$m.json --out data/mtp || exit 1; done
 	$(PY) scripts/mtp_memory.py
 	$(PY) scripts/mtp_results.py
 

@@ -19,12 +19,12 @@ from .drafters.draft_model import DEFAULT_WINDOW
 
 DRAFTERS = ("draft", "lookup", "none")
 # train WHAT: the module whose main runs it, and what it makes (each keeps its own options)
-TRAINERS = {"distill": ("labkit.heads.distill", "the target's own answers to train heads on"),
-            "features": ("labkit.heads.features", "the target's features of those answers"),
-            "medusa": ("labkit.heads.train_medusa", "Medusa-1 heads"),
-            "eagle": ("labkit.heads.train_eagle", "an EAGLE or EAGLE-3 head (--kind)"),
-            "data-curve": ("labkit.heads.data_curve", "heads trained on growing data, replayed"),
-            "mtp": ("labkit.mtp.train", "a multi-token model from a config")}
+TRAINERS = {"distill": ("labkit.training.distill", "the target's own answers to train heads on"),
+            "features": ("labkit.training.features", "the target's features of those answers"),
+            "medusa": ("labkit.training.train_medusa", "Medusa-1 heads"),
+            "eagle": ("labkit.training.train_eagle", "an EAGLE or EAGLE-3 head (--kind)"),
+            "data-curve": ("labkit.training.data_curve", "heads trained on growing data, replayed"),
+            "mtp": ("labkit.training.train_mtp", "a multi-token model from a config")}
 POLICIES = ("fixed", "heuristic", "cost-aware")
 DRAFT_PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
 

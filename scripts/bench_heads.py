@@ -30,16 +30,14 @@ from labkit import (
     speculative_generate,
 )
 from labkit.bench.writer import markdown_table, write_outputs
+from labkit.core.typical import typical_accept_rule
 from labkit.decoding.tree import tree_generate
-from labkit.drafters.eagle import EagleDrafter, load_eagle
-from labkit.drafters.medusa import (
-    REPO_HEADS,
-    MedusaDrafter,
-    load_medusa,
-    typical_accept_rule,
-)
+from labkit.drafters.eagle import EagleDrafter
+from labkit.drafters.medusa import MedusaDrafter
 from labkit.models.calibrate import run_facts, time_forwards
+from labkit.models.eagle_heads import load_eagle
 from labkit.models.loading import encode_prompt, load_draft
+from labkit.models.medusa_heads import REPO_HEADS, load_medusa
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -52,11 +52,11 @@ from labkit.bench.writer import markdown_table, subplots, write_outputs  # noqa:
 from labkit.decoding.compiled import CompiledSpeculativeDecoder, bucket  # noqa: E402
 from labkit.decoding.compiled_tree import CompiledTreeDecoder, tree_bucket  # noqa: E402
 from labkit.decoding.static import StaticDecoder, capture_graph  # noqa: E402
-from labkit.drafters.eagle import EagleConfig  # noqa: E402
-from labkit.drafters.eagle3 import Eagle3Head  # noqa: E402
-from labkit.drafters.medusa import MedusaDrafter, MedusaHeads, medusa_tree  # noqa: E402
+from labkit.drafters.medusa import MedusaDrafter, medusa_tree
 from labkit.drafters.replay import CostOnly, PacedDrafter, ReplayDrafter, ReplayTreeDrafter  # noqa: E402
 from labkit.hw import SHAPES, decode_cost, describe, verify_cost  # noqa: E402
+from labkit.models.eagle_heads import Eagle3Head, EagleConfig
+from labkit.models.medusa_heads import MedusaHeads
 from labkit.models.transformer import ModelArgs, Transformer  # noqa: E402
 
 TESTS = ["tests/test_compiled_speculative.py", "tests/test_compiled_tree.py", "tests/test_static_decode.py"]

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/layer_skip_search.py                       # the embedded 1.5B target, bf16
     .venv/bin/python scripts/layer_skip_search.py --max-skip 8 --tokens 128
 
-Greedy search (labkit.drafters.layer_skip.search_skip_layers): each round skips the one more
+Greedy search (labkit.models.layer_skip.search_skip_layers): each round skips the one more
 layer that keeps teacher-forced top-1 agreement with the full target highest on a calibration
 text (Python's own textwrap.py); then every depth's one-token forward is timed against the
 target's, and Leviathan's formula with the measured verify costs picks depth and γ. Writes
@@ -21,9 +21,9 @@ import torch
 
 from labkit.bench.verify_cost import machine_slug
 from labkit.bench.writer import markdown_table, subplots, write_outputs
-from labkit.drafters.layer_skip import calibration_ids, search_skip_layers
 from labkit.models.calibrate import isa_label, machine
 from labkit.models.hub import DEFAULT_TARGET
+from labkit.models.layer_skip import calibration_ids, search_skip_layers
 from labkit.models.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]

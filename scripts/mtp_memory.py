@@ -21,7 +21,7 @@ def child(way: str) -> None:
     import torch
 
     from labkit.models.mtp import MTPConfig, MTPModel
-    from labkit.mtp.loss import headwise_backward, naive_backward
+    from labkit.training.mtp_loss import headwise_backward, naive_backward
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = MTPModel(MTPConfig(**SETTING, max_seq_len=T))

@@ -25,9 +25,11 @@ from labkit import SamplingConfig, autoregressive_generate, speculative_generate
 from labkit.bench.writer import write_outputs
 from labkit.decoding.tree import tree_generate
 from labkit.drafters.mtp import self_speculative
-from labkit.drafters.mtp_tree import MTPTreeTarget, head_topk_accuracy, mtp_tree_drafter
-from labkit.mtp.data import fixed_windows, load_corpus
-from labkit.mtp.train import N_VAL_WINDOWS, WINDOW_EXTRA, load_checkpoint
+from labkit.drafters.mtp_tree import mtp_tree_drafter
+from labkit.models.adapters import MTPTreeTarget
+from labkit.models.mtp import head_topk_accuracy
+from labkit.training.mtp_data import fixed_windows, load_corpus
+from labkit.training.train_mtp import N_VAL_WINDOWS, WINDOW_EXTRA, load_checkpoint
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
 MODELS = ["next", "gloeckle4", "deepseek3", "gloeckle8", "gloeckle4_w01", "next_600", "gloeckle4_600", "gloeckle4_w01_600",

@@ -1,6 +1,6 @@
 """Seconds per MTP training step in each train.precision, measured side by side on this machine.
 
-Runs `labkit.mtp.train.train` for a few steps of one config (default: gloeckle4_600) with bf16
+Runs `labkit.training.train_mtp.train` for a few steps of one config (default: gloeckle4_600) with bf16
 autocast and in plain fp32, alternately, and writes data/mtp/step_time.json and .md. On a CPU
 without native bf16 matmuls (AVX2 only) autocast is much slower than fp32: check before a long run.
 Run: `python scripts/mtp_step_time.py [--config data/mtp/configs/X.json] [--steps 6]` (a few minutes).
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from labkit.bench.writer import markdown_table, write_outputs
-from labkit.mtp.train import AUTOCAST, train
+from labkit.training.train_mtp import AUTOCAST, train
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
 

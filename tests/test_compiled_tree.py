@@ -22,11 +22,12 @@ from labkit.decoding.compiled_tree import (
     tree_bucket,
 )
 from labkit.decoding.tree import tree_generate
-from labkit.drafters.eagle import EagleConfig, EagleDrafter
-from labkit.drafters.eagle3 import Eagle3Head
-from labkit.drafters.medusa import MedusaDrafter, MedusaHeads
+from labkit.drafters.eagle import EagleDrafter
+from labkit.drafters.medusa import MedusaDrafter
 from labkit.drafters.replay import CostOnly, PacedDrafter, ReplayTreeDrafter
 from labkit.drafters.suffix import SuffixDrafter
+from labkit.models.eagle_heads import Eagle3Head, EagleConfig
+from labkit.models.medusa_heads import MedusaHeads
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9, 5, 17, 33, 2, 9, 5, 17]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8])]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

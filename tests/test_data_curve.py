@@ -4,15 +4,7 @@ import math
 
 import pytest
 
-from labkit.heads.data_curve import (
-    fit_log,
-    plot,
-    read_curve,
-    report,
-    run_commands,
-    tokens_for,
-    tokens_seen,
-)
+from labkit.training.data_curve import fit_log, plot, read_curve, report, run_commands, tokens_for, tokens_seen
 
 
 def test_each_point_after_the_first_resumes_on_the_next_slice(tmp_path):
@@ -20,7 +12,7 @@ def test_each_point_after_the_first_resumes_on_the_next_slice(tmp_path):
     assert [c[c.index("--rows") + 1] for c in cmds] == ["0:32", "32:64", "64:128"]
     assert ["--resume" in c for c in cmds] == [False, True, True]
     assert [c[c.index("--epochs") + 1] for c in cmds] == ["4", "2", "1"]        # small first slices: more passes
-    assert all(c[c.index("--ttt-steps") + 1] == "5" and "labkit.heads.train_eagle" in c for c in cmds)
+    assert all(c[c.index("--ttt-steps") + 1] == "5" and "labkit.training.train_eagle" in c for c in cmds)
     medusa = run_commands("medusa", tmp_path / "f", [10, 30], tmp_path / "m", 2, 5, 1e-3)
     assert [c[c.index("--steps") + 1] for c in medusa] == ["20", "40"]          # epochs x rows x 255 / 256
     with pytest.raises(ValueError, match="increasing"):

@@ -5,7 +5,8 @@ import pytest
 from conftest import chatml_tokenizer
 
 from labkit import autoregressive_generate
-from labkit.heads.distill import (
+from labkit.models.loading import LoadedModel, encode_prompt
+from labkit.training.distill import (
     INSTRUCTIONS,
     QUESTIONS_DIR,
     benchmark_shingles,
@@ -16,7 +17,6 @@ from labkit.heads.distill import (
     read_records,
     shingles,
 )
-from labkit.models.loading import LoadedModel, encode_prompt
 
 
 def prompt(i: int, text: str) -> dict:
@@ -85,7 +85,7 @@ def test_held_out_conversations_stay_held_out_as_the_corpus_grows():
 def test_a_feature_set_holds_out_the_conversations_its_meta_names(tiny_target, tmp_path):
     import torch
 
-    from labkit.heads.features import FeatureSet, extract_features
+    from labkit.training.features import FeatureSet, extract_features
     seqs = [torch.arange(i, i + 8) for i in range(10)]
     meta = {"corpus": {"heldout_sequences": {"sharegpt": 2, "stdlib": 3}}}
     extract_features(tiny_target, seqs, tmp_path, shard_size=4, meta=meta, progress=False)

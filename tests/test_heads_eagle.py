@@ -6,15 +6,9 @@ from conftest import tiny_model
 from labkit import autoregressive_generate
 from labkit.core.sampling import SamplingConfig
 from labkit.decoding.tree import tree_generate
-from labkit.drafters.eagle import (
-    EagleConfig,
-    EagleDrafter,
-    EagleHead,
-    _best_subtree,
-    load_eagle,
-    save_eagle,
-)
-from labkit.heads.train_eagle import eagle_loss, vocab_index
+from labkit.drafters.eagle import EagleDrafter, _best_subtree
+from labkit.models.eagle_heads import EagleConfig, EagleHead, load_eagle, save_eagle
+from labkit.training.eagle_loss import eagle_loss, vocab_index
 
 
 def tiny_head(target, seed=0):

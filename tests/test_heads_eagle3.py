@@ -5,20 +5,12 @@ from conftest import tiny_model
 
 from labkit import autoregressive_generate
 from labkit.decoding.tree import tree_generate
-from labkit.drafters.eagle import EagleConfig, EagleDrafter, load_eagle, save_eagle
-from labkit.drafters.eagle3 import (
-    Eagle3Head,
-    LayerTapsTarget,
-    check_layers,
-    default_layers,
-    eagle3_loss,
-    layer_taps,
-    load_eagle3,
-    unrolled_logits,
-)
-from labkit.heads.features import FeatureSet, extract_features
-from labkit.heads.train_eagle import vocab_index
+from labkit.drafters.eagle import EagleDrafter
+from labkit.models.adapters import LayerTapsTarget, check_layers, default_layers, layer_taps
+from labkit.models.eagle_heads import Eagle3Head, EagleConfig, load_eagle, load_eagle3, save_eagle
 from labkit.models.target import as_tree_target
+from labkit.training.eagle_loss import eagle3_loss, unrolled_logits, vocab_index
+from labkit.training.features import FeatureSet, extract_features
 
 LAYERS = (0, 2, 3)
 

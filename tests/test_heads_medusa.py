@@ -14,20 +14,11 @@ from conftest import tiny_model
 from labkit.core.sampling import GREEDY
 from labkit.core.tree import Tree
 from labkit.core.tree_acceptance import greedy_tree_accept
-from labkit.core.typical import typical_accept, typical_threshold
-from labkit.drafters.medusa import (
-    MedusaDrafter,
-    MedusaHeads,
-    expected_accepted,
-    load_medusa,
-    medusa_tree,
-    path_value,
-    rank_accuracy,
-    save_medusa,
-    typical_accept_rule,
-)
-from labkit.heads.features import FeatureSet, extract_features, target_features
-from labkit.heads.train_medusa import (
+from labkit.core.typical import typical_accept, typical_accept_rule, typical_threshold
+from labkit.drafters.medusa import MedusaDrafter, expected_accepted, medusa_tree, path_value, rank_accuracy
+from labkit.models.medusa_heads import MedusaHeads, load_medusa, save_medusa
+from labkit.training.features import FeatureSet, extract_features, target_features
+from labkit.training.train_medusa import (
     IGNORE,
     SubVocab,
     frozen_linear,

@@ -13,11 +13,12 @@ from labkit import autoregressive_generate, load_model
 from labkit.bench.methods import METHODS, Models
 from labkit.core.sampling import SamplingConfig
 from labkit.decoding.tree import tree_generate
-from labkit.drafters.eagle import EagleDrafter, load_eagle
-from labkit.drafters.eagle3 import load_eagle3
-from labkit.drafters.medusa import REPO_HEADS, MedusaDrafter, load_medusa
+from labkit.drafters.eagle import EagleDrafter
+from labkit.drafters.medusa import MedusaDrafter
+from labkit.models.eagle_heads import load_eagle, load_eagle3
 from labkit.models.hub import DEFAULT_TARGET
 from labkit.models.loading import encode_prompt
+from labkit.models.medusa_heads import REPO_HEADS, load_medusa
 
 pytestmark = pytest.mark.integration
 PROMPT = "Write a Python function that merges two sorted lists into one sorted list."
@@ -119,7 +120,8 @@ def test_a_draft_with_another_tokenizer_is_exact_on_the_real_target(setup):
 
 def test_lookahead_decoding_is_exact_on_the_real_target(setup):
     """Jacobi guesses and the n-gram pool they fill: exact, and some of the pool's n-grams are accepted."""
-    from labkit.drafters.lookahead import LookaheadDrafter, jacobi_decode
+    from labkit.decoding.jacobi import jacobi_decode
+    from labkit.drafters.lookahead import LookaheadDrafter
     target, ids, plain = setup
     drafter = LookaheadDrafter(window=5, ngram=4, max_verify=4)
     out = tree_generate(target.model, drafter, ids, N, budget=32, eos_token_ids=target.eos_token_ids)
@@ -127,4 +129,4 @@ def test_lookahead_decoding_is_exact_on_the_real_target(setup):
     assert sum(s.n_accepted for s in out.trace.steps) > 0, out.trace.summary()   # 1.07 tokens a forward here
     assert len(drafter.pool) > 50
     block = jacobi_decode(target.model, ids, 6)
-    assert block[-1].tolist() == plain.tokens[:6]                         # Jacobi's fixed point: the greedy tokens
+    assert block.tokens == plain.tokens[:6]                         # Jacobi's fixed point: the greedy tokens

@@ -17,8 +17,8 @@ from test_sampling_heads import (
 
 from labkit import SpeculativeDecoder, autoregressive_generate, speculative_generate
 from labkit.decoding.batched import batched_speculative_generate
-from labkit.drafters.layer_skip import LayerSkipDrafter, agreement, search_skip_layers
-from labkit.models.layer_skip import LayerSkipModel
+from labkit.drafters.layer_skip import LayerSkipDrafter
+from labkit.models.layer_skip import LayerSkipModel, agreement, search_skip_layers
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 

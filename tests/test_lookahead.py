@@ -9,7 +9,8 @@ from labkit import (
     speculative_generate,
     tree_generate,
 )
-from labkit.drafters.lookahead import LookaheadDrafter, NGramPool, jacobi_decode
+from labkit.decoding.jacobi import jacobi_decode
+from labkit.drafters.lookahead import LookaheadDrafter, NGramPool
 
 PROMPTS = [torch.tensor([3, 7, 3, 7, 3, 7, 3]), torch.tensor([1, 4, 2, 1, 4, 7, 1, 4]),
            torch.tensor([5, 17, 33, 2, 9, 17, 33, 2])]
@@ -18,7 +19,10 @@ PROMPTS = [torch.tensor([3, 7, 3, 7, 3, 7, 3]), torch.tensor([1, 4, 2, 1, 4, 7, 
 def test_jacobi_fixes_one_more_token_each_pass_and_ends_at_the_greedy_continuation(tiny_target):
     prompt, n = PROMPTS[2], 8
     greedy = torch.tensor(autoregressive_generate(tiny_target, prompt, n).tokens)         # (n,) new tokens
-    rows = jacobi_decode(tiny_target, prompt, n)
+    block = jacobi_decode(tiny_target, prompt, n)
+    rows = block.rows
+    assert block.tokens == greedy.tolist() and block.trace.n_target_forwards == rows.shape[0] - 1
+    assert [s.n_accepted for s in block.trace.steps][-1] == n or block.trace.stop_reason == "max_iterations"
     assert torch.equal(rows[-1], greedy)
     for i, row in enumerate(rows):
         assert torch.equal(row[:i], greedy[:i]), f"after pass {i} the first {i} tokens must be right"

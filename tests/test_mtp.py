@@ -10,9 +10,9 @@ from conftest import tiny_mtp
 from labkit import SamplingConfig, autoregressive_generate, speculative_generate
 from labkit.drafters.mtp import self_speculative
 from labkit.models.mtp import MTPConfig, MTPModel
-from labkit.mtp.data import fixed_windows
-from labkit.mtp.loss import evaluate, headwise_backward, naive_backward
-from labkit.mtp.train import WINDOW_EXTRA, load_checkpoint, train
+from labkit.training.mtp_data import fixed_windows
+from labkit.training.mtp_loss import evaluate, headwise_backward, naive_backward
+from labkit.training.train_mtp import WINDOW_EXTRA, load_checkpoint, train
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mtp"
 # What is shipped is what data/mtp/configs/ trains (`make train-mtp` writes one checkpoint per config, same name)

@@ -10,10 +10,11 @@ from test_mtp import DATA, PROMPTS, top_k_of_head1
 from labkit import SamplingConfig, autoregressive_generate, speculative_generate
 from labkit.decoding.tree import TreeDecoder, tree_generate
 from labkit.drafters.mtp import self_speculative
-from labkit.drafters.mtp_tree import MTPTreeTarget, head_topk_accuracy, mtp_tree_drafter
-from labkit.models.mtp import mtp_window_targets
-from labkit.mtp.data import fixed_windows
-from labkit.mtp.train import WINDOW_EXTRA, load_checkpoint
+from labkit.drafters.mtp_tree import mtp_tree_drafter
+from labkit.models.adapters import MTPTreeTarget
+from labkit.models.mtp import head_topk_accuracy, mtp_window_targets
+from labkit.training.mtp_data import fixed_windows
+from labkit.training.train_mtp import WINDOW_EXTRA, load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

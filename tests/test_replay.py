@@ -5,11 +5,13 @@ from conftest import tiny_model
 
 from labkit import autoregressive_generate
 from labkit.decoding.tree import tree_generate
-from labkit.drafters.eagle import EagleConfig, EagleDrafter
-from labkit.drafters.eagle3 import Eagle3Head, eagle3_loss, layer_taps
-from labkit.drafters.medusa import MedusaDrafter, MedusaHeads
-from labkit.heads.replay import chain_accepts, eagle_guesses, medusa_guesses, summarize
-from labkit.heads.train_eagle import vocab_index
+from labkit.drafters.eagle import EagleDrafter
+from labkit.drafters.medusa import MedusaDrafter
+from labkit.models.adapters import layer_taps
+from labkit.models.eagle_heads import Eagle3Head, EagleConfig
+from labkit.models.medusa_heads import MedusaHeads
+from labkit.training.eagle_loss import eagle3_loss, vocab_index
+from labkit.training.replay import chain_accepts, eagle_guesses, medusa_guesses, summarize
 
 LAYERS = (0, 2, 3)
 

@@ -20,11 +20,11 @@ from labkit import SamplingConfig, SpeculativeDecoder, TreeDecoder
 from labkit.core.acceptance import Acceptance, speculative_accept
 from labkit.core.sampling import probs_from_logits, sample
 from labkit.core.tree_acceptance import TreeAcceptance
-from labkit.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
-from labkit.drafters.eagle3 import Eagle3Head
+from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.lookahead import LookaheadDrafter
 from labkit.drafters.mtp import self_speculative
 from labkit.drafters.suffix import SuffixDrafter
+from labkit.models.eagle_heads import Eagle3Head, EagleConfig, EagleHead
 from labkit.models.mtp import MTPConfig, MTPModel
 
 V, N_RUNS = 8, 2000

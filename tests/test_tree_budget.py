@@ -9,10 +9,12 @@ from labkit.core.sampling import GREEDY
 from labkit.core.trace import Step
 from labkit.core.tree_budget import CostAwareBudget, CurveFit, FixedBudget
 from labkit.drafters.base import Drafter, Proposal
-from labkit.drafters.eagle import EagleConfig, EagleDrafter, EagleHead
+from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.lookahead import LookaheadDrafter
-from labkit.drafters.medusa import MedusaDrafter, MedusaHeads, medusa_tree
+from labkit.drafters.medusa import MedusaDrafter, medusa_tree
 from labkit.drafters.suffix import SuffixDrafter
+from labkit.models.eagle_heads import EagleConfig, EagleHead
+from labkit.models.medusa_heads import MedusaHeads
 from labkit.models.target import as_tree_target
 
 

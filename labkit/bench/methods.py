@@ -139,11 +139,8 @@ _SKIP_SEARCHES: dict[int, object] = {}       # target model id -> its layer-skip
 
 def _layer_skip(m: Models, n: int, gamma: int, lookup_tokens: int):
     """Layer-skip self-speculation with the layers and γ that the search on this machine chose."""
-    from ..drafters.layer_skip import (
-        LayerSkipDrafter,
-        calibration_ids,
-        search_skip_layers,
-    )
+    from ..drafters.layer_skip import LayerSkipDrafter
+    from ..models.layer_skip import calibration_ids, search_skip_layers
     model, eos = m.target.model, m.target.eos_token_ids
     if id(model) not in _SKIP_SEARCHES:
         _SKIP_SEARCHES[id(model)] = search_skip_layers(model, calibration_ids(m.target.tokenizer), progress=False)
@@ -228,8 +225,8 @@ def _eagle(top_k: int, depth: int, kind: str = "eagle"):
     """The shipped EAGLE-1 head (kind "eagle") or EAGLE-3 head ("eagle3"), drafting a tree or a chain."""
     def make(m: Models):
         _check_heads_target(m)
-        from ..drafters.eagle import EagleDrafter, load_eagle
-        from ..drafters.eagle3 import load_eagle3
+        from ..drafters.eagle import EagleDrafter
+        from ..models.eagle_heads import load_eagle, load_eagle3
         head, vocab, _ = (load_eagle3 if kind == "eagle3" else load_eagle)(
             shipped("heads", f"{kind}-qwen2.5-coder-1.5b"), m.target.model)
         return EagleDrafter(head, m.target.model, vocab, top_k=top_k, depth=depth)
@@ -238,7 +235,8 @@ def _eagle(top_k: int, depth: int, kind: str = "eagle"):
 
 def _medusa(m: Models):
     _check_heads_target(m)
-    from ..drafters.medusa import MedusaDrafter, load_medusa
+    from ..drafters.medusa import MedusaDrafter
+    from ..models.medusa_heads import load_medusa
     heads, config = load_medusa(shipped("heads", "medusa-qwen2.5-coder-1.5b"), m.target.model)
     return MedusaDrafter(heads, [tuple(c) for c in config["choices"]])
 

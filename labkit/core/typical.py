@@ -51,3 +51,18 @@ def typical_accept(p_target: torch.Tensor, tree: Tree, node_tokens: torch.Tensor
     log_p = torch.where(depth == depth.max(), log_p, -torch.inf)
     last = int(log_p.argmax())                                                     # deepest, then most likely
     return TreeAcceptance(tree.paths_to(last), int(p_target[1 + last].argmax()), bonus=bool(tree.is_leaf[last]))
+
+
+def typical_accept_rule(epsilon: float = EPSILON, delta: float = DELTA, temperature: float = 1.0):
+    """Medusa's typical acceptance (labkit/core/typical.py) as the tree decoder's accept_rule.
+
+    The rule gets the verify logits (1+N, V) and judges the nodes against softmax(logits / temperature).
+    """
+    if temperature <= 0:
+        raise ValueError(f"typical acceptance needs a temperature > 0 (its entropy is of softmax(logits / T)), "
+                         f"got {temperature}")
+
+    def rule(tree: Tree, node_tokens: torch.Tensor, target_logits: torch.Tensor) -> TreeAcceptance:
+        p_target = (target_logits.float() / temperature).softmax(-1)                # (1+N, V)
+        return typical_accept(p_target, tree, node_tokens, epsilon, delta)
+    return rule

@@ -31,7 +31,7 @@ from ..core.trace import Step
 from ..core.tree import Tree
 from ..core.tree_budget import CostAwareBudget, FixedBudget
 from ..drafters.base import Drafter, Proposal
-from ..drafters.eagle3 import LayerTapsTarget
+from ..models.adapters import LayerTapsTarget
 from ..models.kv_cache import StaticKVCache
 from ..models.target import as_tree_target
 from ..models.transformer import Transformer

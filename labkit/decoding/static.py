@@ -78,7 +78,7 @@ def static_forward(model: Transformer, cache: StaticKVCache, tokens: torch.Tenso
     those at or before its own (a tree passes depths and its ancestor mask). run_block: how to run each layer
     (compile_blocks). hidden: return (features, logits), the features being the final hidden states (B, T, D),
     or with `taps` the outputs of those blocks and then the final hidden states (B, T, (len(taps) + 1) D), as
-    EAGLE-3 reads them (drafters/eagle3.layer_taps).
+    EAGLE-3 reads them (models/adapters.layer_taps).
     """
     B, T = tokens.shape
     if positions is None:

@@ -1,4 +1,5 @@
-"""Drafters: everything that proposes tokens for the target to verify, behind one interface (base.py).
+"""Drafters: everything that proposes tokens for the target to verify, behind one interface (base.py), and
+nothing else: the heads they draft with are models (labkit.models), their training is labkit.training.
 
     draft_model    a small model of the same tokenizer (Leviathan 2023)
     prompt_lookup  n-gram copying from the context (no model)
@@ -7,8 +8,7 @@
     layer_skip     the target drafting for itself with some layers skipped (layers searched on this machine)
     cross_tokenizer  a draft model with another tokenizer, drafting through text
     medusa         Medusa-1 heads on the target's features, a static top-k tree
-    eagle          an EAGLE feature-level head, EAGLE-2 dynamic trees
-    eagle3         an EAGLE-3 head: three target blocks fused, trained on its own outputs (training-time test)
+    eagle          an EAGLE or EAGLE-3 feature-level head, EAGLE-2 dynamic trees
     mtp, mtp_tree  multi-token heads drafting for their own model (Gloeckle, DeepSeek-V3)
     replay         replayed acceptance: a recorded run's accepted lengths, for timing random-weight models
 """

@@ -160,31 +160,3 @@ class LookaheadDrafter(Drafter):
         self.cells = None
 
 
-@torch.no_grad()
-def jacobi_decode(target, prompt_ids: torch.Tensor, n: int, max_iterations: int | None = None,
-                  seed: int = 0) -> torch.Tensor:
-    """Plain Jacobi decoding of one block, the iteration lookahead decoding builds on: (iterations+1, n) guesses.
-
-    Row 0 is a random guess (tokens of the prompt); each next row is one target pass over the prompt and
-    the previous guess, every position taking the target's greedy token after the guesses before it.
-    After pass i at least the first i tokens are right, so at most n passes reach the fixed point, the
-    greedy continuation; the rows stop there (or after max_iterations).
-    """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n (tokens in the Jacobi block) must be an integer >= 1, got {n!r}")
-    context = prompt_ids.flatten().cpu()                                        # (T,)
-    if context.numel() + n > target.max_seq_len:
-        raise ValueError(f"a prompt of {context.numel()} tokens and a block of {n} exceed the target's context of "
-                         f"{target.max_seq_len}: shorten one of them")
-    gen = torch.Generator().manual_seed(seed)
-    guess = context[torch.randint(context.numel(), (n,), generator=gen)]        # (n,)
-    rows = [guess]
-    for _ in range(n if max_iterations is None else max_iterations):
-        sequence = torch.cat([context, guess[:-1]])[None].to(target.device)     # (1, T+n-1)
-        logits = target(sequence, target.new_cache(max_len=sequence.shape[1]))  # (1, T+n-1, V)
-        new = logits[0, context.numel() - 1:].argmax(-1).cpu()                  # (n,)
-        rows.append(new)
-        if torch.equal(new, guess):
-            break
-        guess = new
-    return torch.stack(rows)                                                    # (iterations+1, n)

@@ -18,37 +18,9 @@ from __future__ import annotations
 import torch
 
 from ..core.sampling import SamplingConfig, draw
+from ..models.adapters import MTPVerifier
 from ..models.mtp import MTPModel
-from ..models.target import Wrapped
 from .base import Drafter, Proposal
-
-
-class MTPVerifier(Wrapped):
-    """The speculative loop's target: an MTPModel forward that also keeps every head's view per position."""
-
-    def __init__(self, model: MTPModel):
-        if model.cfg.kind == "next":
-            raise ValueError("a next-token-only model has no extra heads to draft with: train a gloeckle or "
-                             "deepseek model (labkit.mtp.train)")
-        self.model, cfg = model, model.cfg
-        S, D, V = cfg.max_seq_len, cfg.dim, cfg.vocab_size
-        self.head1_hidden = torch.zeros(S, D, device=model.device)                      # (S, D) by position
-        n_parallel = cfg.n_future - 1 if cfg.kind == "gloeckle" else 0
-        self.future_logits = torch.zeros(S, n_parallel, V, device=model.device)         # (S, n-1, V) Gloeckle heads 2..n
-
-    @torch.no_grad()
-    def __call__(self, tokens: torch.Tensor, cache, positions=None, mask=None, num_logits: int | None = None):
-        """Head 1's logits (1, T', V) for tokens (1, T); every head's output is kept at positions start..start+T."""
-        if tokens.shape[0] != 1 or positions is not None or mask is not None:
-            raise ValueError("self-speculative decoding runs one sequence (batch size 1) along a chain")
-        start, T = cache.length, tokens.shape[1]
-        hs = self.model.all_head_hidden(tokens, cache)                                  # n x (1, T, D)
-        self.head1_hidden[start:start + T] = hs[0][0]
-        if self.future_logits.shape[1]:
-            self.future_logits[start:start + T] = torch.stack(
-                [self.model.logits(h[0], j) for j, h in enumerate(hs) if j > 0], dim=1)  # (T, n-1, V)
-        h1 = hs[0][:, -num_logits:] if num_logits is not None else hs[0]
-        return self.model.logits(h1, 0)                                                 # (1, T', V)
 
 
 class MTPDrafter(Drafter):

@@ -19,56 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models.mtp import MTPModel, mtp_window_targets
-from ..models.target import TreeTarget
+from ..models.adapters import GloeckleHeads, _require_gloeckle
+from ..models.mtp import MTPModel
 from .medusa import MedusaDrafter, medusa_tree
-
-
-def _require_gloeckle(model: MTPModel) -> None:
-    if model.cfg.kind != "gloeckle":
-        raise ValueError(f"tree drafting reads parallel heads (a gloeckle model), got kind {model.cfg.kind!r}: "
-                         "a deepseek model's modules draft one after another (labkit.drafters.mtp."
-                         "self_speculative), a next-token model has no heads to draft with")
-
-
-class MTPTreeTarget(TreeTarget):
-    """A Gloeckle model as the tree decoder's target: features = all n heads' hidden states, concatenated."""
-
-    def __init__(self, model: MTPModel):
-        _require_gloeckle(model)
-        self.model, self.dim = model, model.cfg.dim
-        self.feature_dim, self.feature_dtype = model.cfg.n_future * model.cfg.dim, model.embed_tokens.weight.dtype
-
-    def features(self, tokens, cache, positions=None, mask=None):
-        hs = self.model.all_head_hidden(tokens, cache, positions, mask)       # n x (1, T, D)
-        return torch.cat(hs, dim=-1)[0]                                       # (T, n*D)
-
-    def logits(self, features):
-        return self.model.logits(features[:, :self.dim], 0)                  # (T, V): head 1, the next token
-
-
-class GloeckleHeads:
-    """Heads 2..n read out from one position's feature: what a MedusaDrafter fills its tree from."""
-
-    def __init__(self, model: MTPModel):
-        self.model, self.n_heads = model, model.cfg.n_future - 1
-        self.dtype = model.lm_head.weight.dtype                               # the shared unembedding's
-
-    def __call__(self, feature: torch.Tensor) -> torch.Tensor:
-        """feature (n*D,) -> logits (n-1, V): row k scores the token k+1 after the root."""
-        h = feature.view(self.n_heads + 1, -1)                                # (n, D)
-        return torch.stack([self.model.logits(h[j], j) for j in range(1, self.n_heads + 1)])
-
-
-@torch.no_grad()
-def head_topk_accuracy(model: MTPModel, windows: torch.Tensor, T: int, k: int = 8) -> torch.Tensor:
-    """(n, k) teacher-forced top-1..top-k accuracy of every offset's head on windows (N, T + n); row 0: head 1."""
-    logits = model.training_logits(windows, T)
-    rows = []
-    for j, lg in enumerate(logits):
-        hit = lg.topk(k, dim=-1).indices == mtp_window_targets(windows, T, j)[..., None]   # (N, T, k)
-        rows.append(hit.cumsum(-1).clamp(max=1).float().mean((0, 1)))                    # (k,)
-    return torch.stack(rows)
 
 
 def mtp_tree_drafter(model: MTPModel, topk_accuracy: torch.Tensor, budget: int) -> MedusaDrafter:

@@ -232,3 +232,14 @@ def mtp_window_targets(window: torch.Tensor, T: int, j: int) -> torch.Tensor:
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-byte cross-entropy in nats; logits (B, T, V), targets (B, T)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+@torch.no_grad()
+def head_topk_accuracy(model: MTPModel, windows: torch.Tensor, T: int, k: int = 8) -> torch.Tensor:
+    """(n, k) teacher-forced top-1..top-k accuracy of every offset's head on windows (N, T + n); row 0: head 1."""
+    logits = model.training_logits(windows, T)
+    rows = []
+    for j, lg in enumerate(logits):
+        hit = lg.topk(k, dim=-1).indices == mtp_window_targets(windows, T, j)[..., None]   # (N, T, k)
+        rows.append(hit.cumsum(-1).clamp(max=1).float().mean((0, 1)))                    # (k,)
+    return torch.stack(rows)

@@ -9,7 +9,7 @@ so is a transformers model behind `loading.HFCausalLM`; a wrapper that adds some
 The tree loop needs more: explicit positions and masks, and the features the drafter reads per
 position (`TreeTarget`). labkit's Transformer is one whose features are its final normed hidden
 states (`NativeTreeTarget`); a multi-token model's are every head's hidden state
-(`labkit.drafters.mtp_tree.MTPTreeTarget`).
+(`labkit.models.adapters.MTPTreeTarget`).
 """
 from __future__ import annotations
 

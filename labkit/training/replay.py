@@ -65,7 +65,7 @@ def eagle_guesses(head, embed, lm_rows: torch.Tensor, draft_vocab: torch.Tensor,
                   features: torch.Tensor, steps: int) -> torch.Tensor:
     """(B, T-1, steps) the head's greedy guesses at every root, in the target's vocabulary; features (B, T, *)
     are what the head reads from the target (final hidden states for EAGLE-1, the tapped blocks for EAGLE-3)."""
-    from ..drafters.eagle3 import unrolled_logits
+    from .eagle_loss import unrolled_logits
     logits = unrolled_logits(head, embed, lm_rows, tokens, features, steps)            # steps x (B, n, Vd)
     return draft_vocab[torch.stack([lg.argmax(-1) for lg in logits], dim=-1)]          # (B, n, steps)
 

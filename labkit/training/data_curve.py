@@ -1,6 +1,6 @@
 """The data curve: each draft head's held-out tokens per forward against the training tokens it has seen.
 
-    python -m labkit.heads.data_curve --features DIR --points 32,64,128,256 --out data/bench/data_curve
+    python -m labkit.training.data_curve --features DIR --points 32,64,128,256 --out data/bench/data_curve
 
 For every head in `--heads` it trains on the first `points[0]` training rows of a self-distilled
 feature set (features.py --distilled), then resumes on the next slice, and so on (train_eagle /
@@ -55,7 +55,7 @@ def run_commands(head: str, features: Path, points: list[int], out: Path, epochs
     for end, ep in zip(points, epochs):
         budget = ["--epochs", str(ep), "--minutes", "1000", "--lr", str(lr)] if module == "train_eagle" else \
             ["--steps", str(max(1, round(ep * (end - start) * 255 / 256))), "--minutes", "1000"]
-        cmds.append([sys.executable, "-m", f"labkit.heads.{module}", "--features", str(features), "--out", str(out),
+        cmds.append([sys.executable, "-m", f"labkit.training.{module}", "--features", str(features), "--out", str(out),
                      "--rows", f"{start}:{end}", *budget, *args, *extra] + (["--resume"] if start else []))
         start = end
     return cmds
@@ -149,7 +149,7 @@ def report(curves: dict[str, list[dict]], sources: list[str], taus: tuple[float,
     lines = ["# Data curve: held-out tokens per forward against training tokens", "",
              f"{facts['machine']}. Features: {facts['features']}.", "",
              "Tokens per target forward of a greedy chain (6 deep; Medusa's 4 heads deep), replayed at every root of the "
-             "held-out conversations (labkit/heads/replay.py: what chain decoding measures, no target forward needed; "
+             "held-out conversations (labkit/training/replay.py: what chain decoding measures, no target forward needed; "
              "sharegpt: chat, stdlib: code). Each point after the first resumes the head on new rows. Training-time "
              f"test: {facts.get('ttt_steps')} steps.", "",
              "| head | training tokens seen | " + " | ".join(f"{s} tok/fwd" for s in sources) + " | run seconds |",

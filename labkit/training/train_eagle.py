@@ -1,6 +1,6 @@
-"""Train an EAGLE head on the frozen target's features: python -m labkit.heads.train_eagle.
+"""Train an EAGLE head on the frozen target's features: python -m labkit.training.train_eagle.
 
-With `--kind eagle3` the head is EAGLE-3's (drafters/eagle3.py): it reads the fused outputs of three
+With `--kind eagle3` the head is EAGLE-3's (models/eagle_heads.py): it reads the fused outputs of three
 target blocks (features extracted with `--layers`), learns from tokens alone, and with
 `--ttt-steps K` trains unrolled K steps on its own outputs (training-time test).
 
@@ -29,48 +29,14 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..drafters.eagle import EagleConfig, EagleHead, read_eagle, save_eagle
-from ..drafters.eagle3 import Eagle3Head, eagle3_loss
+from ..models.eagle_heads import Eagle3Head, EagleConfig, EagleHead, read_eagle, save_eagle
 from ..models.loading import load_model
 from .data_curve import tokens_seen
+from .eagle_loss import eagle3_loss, eagle_loss, vocab_index
 from .features import FeatureSet, default_features_dir, row_range
 from .replay import eagle_guesses, replay_heldout
-
-
-def vocab_index(draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(vocab_size,) the position of each target token id in the draft vocabulary, -1 where it is not in it."""
-    vocab_map = torch.full((vocab_size,), -1, dtype=torch.long)
-    vocab_map[draft_vocab] = torch.arange(draft_vocab.numel())
-    return vocab_map
-
-
-def eagle_loss(head: EagleHead, embed: torch.nn.Embedding, lm_rows: torch.Tensor, vocab_map: torch.Tensor,
-               tokens: torch.Tensor, hidden: torch.Tensor, target_next: torch.Tensor, cls_weight: float = 0.1,
-               noise: float = 0.0, bf16: bool = False):
-    """(loss, regression loss, classification loss, top-1 correct, count) on sequences tokens (B, T).
-
-    Pair t = (hidden[:, t], tokens[:, t+1]) predicts hidden[:, t+1] and target_next[:, t+1].
-    """
-    B, T = tokens.shape
-    f_in = hidden[:, :-1].float()                                                       # (B, T-1, D)
-    if noise:
-        f_in = f_in + (torch.rand_like(f_in) - 0.5) * 2 * noise                          # EAGLE's input noise
-    f_true = hidden[:, 1:].float()                                                      # (B, T-1, D)
-    labels = vocab_map[target_next[:, 1:]]                                              # (B, T-1) in the draft vocab
-    cache = head.new_cache(T, batch_size=B, dtype=torch.float32, device=f_in.device)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        f_hat = head(f_in, embed(tokens[:, 1:]).float(), cache)                         # (B, T-1, D)
-        logits = f_hat @ lm_rows.T.to(f_hat.dtype)                                      # (B, T-1, Vd)
-    f_hat, logits = f_hat.float(), logits.float()
-    reg = F.smooth_l1_loss(f_hat, f_true)
-    valid = labels >= 0                                                                 # held-out tokens may be outside
-    cls = F.cross_entropy(logits[valid], labels[valid])
-    correct = int((logits.argmax(-1) == labels)[valid].sum())
-    return reg + cls_weight * cls, float(reg.detach()), float(cls.detach()), correct, int(valid.sum())
-
 
 REPLAY_DEPTH = 6                    # the chain depth replayed on held-out text (EagleDrafter's default depth)
 
@@ -92,7 +58,7 @@ def provenance(config: dict) -> str:
             if kind == "eagle3" else f"EAGLE-1 head: fc, one decoder layer (SwiGLU width {config['hidden_dim']:,}), "
                                      "RMSNorm; trained to predict the next feature and token")
     lines = [f"# {'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} head for {config['base_model']}", "",
-             "Made by `labkit/heads/train_eagle.py` (self-distillation on the frozen target's features).", "",
+             "Made by `labkit/training/train_eagle.py` (self-distillation on the frozen target's features).", "",
              f"- {what}; {config['parameters'] / 1e6:.2f}M parameters stored in bf16 with the draft vocabulary "
              f"({config['draft_vocab_size']:,} token ids). The target's embedding and LM head are shared, frozen and "
              "not stored.",
@@ -108,7 +74,7 @@ def provenance(config: dict) -> str:
     ho = config.get("heldout", {})
     lines += ["", f"Held out ({ho.get('sequences')} rows, conversations never trained on): token loss {ho.get('cls')}, "
               f"step-0 top-1 {ho.get('top1')}, draft vocabulary covers {ho.get('draft_vocab_coverage')} of the target's "
-              f"tokens. The replay (labkit/heads/replay.py) is a greedy chain of depth {REPLAY_DEPTH} at every held-out "
+              f"tokens. The replay (labkit/training/replay.py) is a greedy chain of depth {REPLAY_DEPTH} at every held-out "
               "root.", "",
               "Last command:", "", f"    {config.get('command', '')}", ""]
     return "\n".join(lines)
@@ -244,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
             "ttt_steps": args.ttt_steps,
             "heldout": {"sequences": int(h_tokens.shape[0]), "replay": replay, "reg": None if reg is None else round(reg, 4), "cls": round(cls, 4),
                         "top1": round(correct / count, 4), "draft_vocab_coverage": round(in_vocab, 4)},
-            "features": fs.meta, "command": ("python -m labkit.heads.train_eagle " + " ".join(argv or [])).replace(str(Path.home()), "~")}
+            "features": fs.meta, "command": ("python -m labkit.training.train_eagle " + " ".join(argv or [])).replace(str(Path.home()), "~")}
     # every run this head has had, with the tokens it trained on: what the data curve's x axis counts
     this_run = {"features": fs.meta.get("corpus"), "rows": args.rows, "replay": replay, "training_tokens": int(tokens.shape[0] * (tokens.shape[1] - 1)),
                 "tokens_processed": int(step * args.batch_size * (tokens.shape[1] - 1)), "steps": step,

@@ -1,4 +1,4 @@
-"""Train one MTP model on the Shakespeare corpus: `python -m labkit.mtp.train --config data/mtp/configs/X.json`.
+"""Train one MTP model on the Shakespeare corpus: `python -m labkit.training.train_mtp --config data/mtp/configs/X.json`.
 
 Deterministic (seeded windows and init, one CPU thread), bf16 autocast on CPU unless the config's
 `train.precision` is "fp32" (on a CPU without native bf16, AVX2 only, autocast ran 10x slower:
@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..models.mtp import MTPConfig, MTPModel
-from .data import fixed_windows, load_corpus, random_windows
-from .loss import evaluate, headwise_backward, naive_backward
+from .mtp_data import fixed_windows, load_corpus, random_windows
+from .mtp_loss import evaluate, headwise_backward, naive_backward
 
 BITS_PER_NAT = 1 / math.log(2)
 WINDOW_EXTRA = 8             # every model sees windows of seq_len + 8 bytes, so all train on the same bytes
