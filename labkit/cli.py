@@ -16,6 +16,7 @@ import sys
 import torch
 
 from .drafters.draft_model import DEFAULT_WINDOW
+from .models.layer_skip import CALIBRATION_TOKENS
 
 DRAFTERS = ("draft", "lookup", "none")
 # train WHAT: the module whose main runs it, and what it makes (each keeps its own options)
@@ -157,6 +158,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--gamma", type=int, default=4, help="draft tokens per step (the start value when adaptive)")
     b.add_argument("--lookup-tokens", type=int, default=10, help="transformers' prompt_lookup_num_tokens")
+    b.add_argument("--layer-skip-tokens", type=int, default=CALIBRATION_TOKENS, metavar="N",
+                   help="calibration tokens the layer-skip search reads (its cost grows with them; >= 16)")
     add_model_args(b)
     b.add_argument("--threads", type=int, default=torch.get_num_threads(),
                    help="torch threads (1 can be much faster when other jobs share the cores)")
@@ -360,7 +363,7 @@ def cmd_bench(a) -> int:
     config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, dtype, a.max_new_tokens,
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit,
                          a.backend, a.device, a.draft_precision, resolve_window(a.draft_window, a.device, a.loop),
-                         a.loop)
+                         a.loop, a.layer_skip_tokens)
     try:
         results = Path(a.out) / "results.jsonl" if a.report_only else run_bench(config)
     except KeyboardInterrupt:

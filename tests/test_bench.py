@@ -327,3 +327,40 @@ def test_cli_end_to_end_exact_methods_equal_baseline(pair, tmp_path, capsys):
 def test_cli_bad_question_file(capsys, tmp_path):
     code = main(["bench", "--questions", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
     assert code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_the_layer_skip_search_length_is_a_setting_that_keys_the_run(tmp_path):
+    from labkit.bench.runner import BenchConfig
+    from labkit.models.layer_skip import CALIBRATION_TOKENS
+    q = str(tmp_path / "q.jsonl")
+    default, shorter = BenchConfig(q, str(tmp_path), ["ar"]), BenchConfig(q, str(tmp_path), ["ar"], layer_skip_tokens=64)
+    assert default.layer_skip_tokens == CALIBRATION_TOKENS and default.run_key != shorter.run_key
+    assert BenchConfig(q, str(tmp_path), ["ar"], layer_skip_tokens=CALIBRATION_TOKENS).run_key == default.run_key
+    with pytest.raises(ValueError, match="--layer-skip-tokens must be >= 16"):
+        BenchConfig(q, str(tmp_path), ["ar"], layer_skip_tokens=8)
+
+
+UNIT_METHODS = [n for n, m in METHODS.items() if m.needs <= {"draft"} and m.reference == "ar"]
+
+
+@pytest.mark.parametrize("name", UNIT_METHODS)
+def test_every_registered_method_runs_and_the_exact_ones_equal_plain_decoding(pair, name):
+    """Each line of METHODS that needs no trained head and no peer runs here on the tiny pair: one registry line
+    puts a new method in the command line, the bench and this test."""
+    from labkit.bench.runner import load_models
+    from labkit.models.loading import encode_prompt
+    config = tiny_config(pair, "unused", methods=[name], layer_skip_tokens=32)
+    models = load_models(config, progress=False)
+    prompt = encode_prompt(models.target.tokenizer, "def add(a, b):\n    return a + b\n\ndef add(a, b):", False)
+    plain = METHODS["ar"].build(models, 12, 3, 10)(prompt)
+    out = METHODS[name].build(models, 12, 3, 10)(prompt)
+    assert len(out.tokens) == len(plain.tokens) and out.generation is not None
+    if METHODS[name].exact:
+        assert out.tokens == plain.tokens
+    assert out.target_forwards <= len(out.tokens) and out.generation.trace.n_generated == len(out.tokens)
+
+
+def test_the_unit_tier_covers_every_method_without_a_head_or_a_peer():
+    assert {"ar", "draft", "lookup", "suffix", "lookahead", "layer-skip"} <= set(UNIT_METHODS)
+    rest = set(METHODS) - set(UNIT_METHODS)
+    assert all(METHODS[n].needs - {"draft"} for n in rest), "the others need heads, a peer or a second tokenizer"

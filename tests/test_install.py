@@ -58,3 +58,19 @@ def test_a_non_editable_install_runs_from_outside_the_checkout(installed, tmp_pa
 def test_without_its_data_it_says_where_to_point(installed, tmp_path):
     done = run(installed, tmp_path, LABKIT_DATA=str(tmp_path / "nothing"))
     assert done.returncode != 0 and "set LABKIT_DATA to a checkout's data/ folder" in done.stderr
+
+
+@pytest.mark.integration
+def test_the_installed_package_drafts_with_the_shipped_medusa_heads(installed, tmp_path):
+    """From the install, outside the checkout: the real target with the shipped Medusa heads (found through
+    LABKIT_DATA), drafting trees on the command line (exactness is tests/test_integration_heads.py's)."""
+    import json
+    prompt = "Write a Python function that adds two numbers."
+    done = subprocess.run([sys.executable, "-m", "labkit", "generate", "--method", "medusa", "--json", "--dtype",
+                           "fp32", "--max-new-tokens", "12", "--prompt", prompt], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(installed), "LABKIT_DATA": str(ROOT / "data")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(out["tokens"]) == 12 and out["stats"]["tokens_per_forward"] > 1
+    assert any(s["parents"] for s in out["steps"]), "the heads drafted trees"

@@ -21,9 +21,10 @@ def test_bench_cli_on_a_real_model(tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_LLAMA_CPP", str(tmp_path / "no-llama-cpp"))   # labkit's and transformers' only
     cmd = [sys.executable, "-m", "labkit", "bench", "--questions", "data/questions/labkit_bench.jsonl",
            "--categories", "rag", "--limit", "1", "--target", MODEL, "--draft", MODEL, "--dtype", "fp32",
-           "--max-new-tokens", "24", "--draft-window", "all", "--threads", "1", "--out", str(tmp_path)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)   # ~3 min on an idle 2-core CPU, most of it
-    # the layer-skip search (every layer tried for each of 15 rounds)
+           "--max-new-tokens", "24", "--draft-window", "all", "--threads", "2", "--layer-skip-tokens", "64",
+           "--out", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)   # ~2 min on an idle 2-core CPU, most of it
+    # the layer-skip search (every layer tried for each of 15 rounds, on 64 calibration tokens)
     assert res.returncode == 0, res.stderr[-2000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {(r["category"], r["method"]): r for r in report["rows"]}

@@ -21,6 +21,7 @@ from ..decoding.loops import decode
 from ..decoding.speculative import Generation, speculative_generate
 from ..drafters import DraftModelDrafter, PromptLookupDrafter
 from ..drafters.suffix import SuffixDrafter
+from ..models.layer_skip import CALIBRATION_TOKENS
 
 BASELINE = "ar"             # every speedup is over this method, measured on the same question
 PEER_BASELINE = "hf-generate"
@@ -52,6 +53,7 @@ class Models:
     cross_draft: object | None = None    # loading.LoadedModel of CROSS_DRAFT: a draft with its own tokenizer
     hf_cross: torch.nn.Module | None = None
     loop: str = "auto"                   # decoding.loops: auto = the compiled loop on a GPU where it takes a method
+    layer_skip_tokens: int = CALIBRATION_TOKENS   # calibration tokens the layer-skip search reads (models.layer_skip)
 
     @property
     def compiled(self) -> bool:
@@ -143,7 +145,8 @@ def _layer_skip(m: Models, n: int, gamma: int, lookup_tokens: int):
     from ..models.layer_skip import calibration_ids, search_skip_layers
     model, eos = m.target.model, m.target.eos_token_ids
     if id(model) not in _SKIP_SEARCHES:
-        _SKIP_SEARCHES[id(model)] = search_skip_layers(model, calibration_ids(m.target.tokenizer), progress=False)
+        calibration = calibration_ids(m.target.tokenizer, m.layer_skip_tokens)
+        _SKIP_SEARCHES[id(model)] = search_skip_layers(model, calibration, progress=False)
     search = _SKIP_SEARCHES[id(model)]
     drafter = LayerSkipDrafter(model, search.skip, eos_token_ids=eos)
     return lambda ids: from_generation(speculative_generate(model, drafter, ids, n, search.gamma, eos_token_ids=eos))

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from ..core.textfile import writable_dir
 from ..decoding.loops import LOOPS
 from ..drafters.draft_model import DEFAULT_WINDOW
+from ..models.layer_skip import CALIBRATION_TOKENS
 from .methods import (
     CROSS_DRAFT,
     METHODS,
@@ -56,6 +57,7 @@ class BenchConfig:
     draft_precision: str = "auto"      # the draft model's weights (loading.draft_precision)
     draft_window: int | None = DEFAULT_WINDOW   # tokens the draft model reads besides the sinks (None: all)
     loop: str = "auto"                 # decoding.loops: auto = the compiled loop on a GPU, eager elsewhere
+    layer_skip_tokens: int = CALIBRATION_TOKENS   # calibration tokens the layer-skip search reads
 
     def __post_init__(self):
         self.methods = check_methods(default_methods(self.target, self.dtype) if self.methods is None
@@ -65,6 +67,9 @@ class BenchConfig:
         for name in ("max_new_tokens", "gamma", "lookup_tokens", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.layer_skip_tokens < 16:
+            raise ValueError(f"--layer-skip-tokens must be >= 16 (the search's calibration text), "
+                             f"got {self.layer_skip_tokens}")
         if self.loop not in LOOPS:
             raise ValueError(f"--loop must be one of {', '.join(LOOPS)}, got {self.loop!r}")
         if self.draft_window is not None and self.draft_window < 1:
@@ -82,6 +87,8 @@ class BenchConfig:
             keyed["draft_window"] = self.draft_window
         if self.loop != "auto":
             keyed["loop"] = self.loop
+        if self.layer_skip_tokens != CALIBRATION_TOKENS:
+            keyed["layer_skip_tokens"] = self.layer_skip_tokens
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -167,7 +174,8 @@ def load_models(config: BenchConfig, progress: bool = True, target=None) -> Mode
                  config.draft if "draft" in needs else None, config.draft_precision)
     if target is None:
         target = load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress)
-    models = Models(target, draft_name=config.draft, draft_window=config.draft_window, loop=config.loop)
+    models = Models(target, draft_name=config.draft, draft_window=config.draft_window, loop=config.loop,
+                    layer_skip_tokens=config.layer_skip_tokens)
     if "draft" in needs:
         models.draft = load_draft(config.draft, models.target, config.draft_precision, config.backend,
                                   progress=progress)

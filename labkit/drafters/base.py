@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.sampling import SamplingConfig
+from ..core.sampling import SamplingConfig, draw
 from ..core.tree import Tree
 
 
@@ -83,6 +83,26 @@ class Proposal:
     @classmethod
     def empty(cls, like: torch.Tensor) -> "Proposal":
         return cls(like.new_empty(0, dtype=torch.long))
+
+
+def draft_chain(logits: torch.Tensor, feed, k: int, sampling: SamplingConfig, generator: torch.Generator | None = None,
+                stop=None, keep_q: bool = False) -> Proposal:
+    """The draft-model family's loop: draw a token from `logits` (V,), keep it, feed it, draw the next, k times.
+
+    feed(i, x): the logits (V,) after draft token i (0-based), x; stop(x, probs): end the chain after x.
+    Each token's row q is kept when sampling (rejection sampling needs it) or when `keep_q`.
+    """
+    drafted, q_rows, q_tok = [], [], []
+    for i in range(k):
+        x, probs = draw(logits, sampling, generator)                              # (), (V,)
+        drafted.append(x)
+        q_rows.append(probs)
+        q_tok.append(probs[x])
+        if i == k - 1 or (stop is not None and stop(int(x), probs)):
+            break
+        logits = feed(i, x)                                                       # (V,)
+    q_draft = torch.stack(q_rows) if keep_q or not sampling.greedy else None      # (n, V)
+    return Proposal(torch.stack(drafted), q_draft, torch.stack(q_tok))
 
 
 class Drafter(ABC):

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.sampling import SamplingConfig, draw
-from .base import Drafter, Proposal
+from ..core.sampling import SamplingConfig
+from .base import Drafter, Proposal, draft_chain
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -104,12 +104,8 @@ class CrossTokenizerDrafter(Drafter):
         logits = self._read_committed(committed)
         device = self.model.device
         # 2. the draft continues in its own tokens (its cache rolls back to the committed text next step)
-        drafted = []
-        for i in range(max(1, round(k * self.draft_factor))):
-            x, _ = draw(logits, sampling, generator)                                     # (), (V,)
-            drafted.append(int(x))
-            if i + 1 < round(k * self.draft_factor):
-                logits = self.model(x.view(1, 1).to(device), self.cache)[0, -1].cpu()   # (V,)
+        feed = lambda i, x: self.model(x.view(1, 1).to(device), self.cache)[0, -1].cpu()   # (V,)
+        drafted = draft_chain(logits, feed, max(1, round(k * self.draft_factor)), sampling, generator).tokens.tolist()
         self.cached_ids += drafted[:-1]
         # 3. its text in the target's tokens, after the committed tail it must not merge with
         tail = committed[-self.window:]
@@ -160,17 +156,11 @@ class TokenIntersectionDrafter(CrossTokenizerDrafter):
         if k == 0:
             return Proposal.empty(tokens)
         logits = self._read_committed(tokens.tolist())                                # (V_draft,)
-        proposal, q_rows = [], []
-        for i in range(k):
-            x, q = draw(logits.masked_fill(self.outside, float("-inf")), sampling, generator)   # (), (V_draft,)
-            q_target = torch.zeros(self.target_vocab)                                 # (V,)
-            q_target[self.target_ids] = q[self.draft_ids].float()
-            proposal.append(int(self.to_target[x]))
-            q_rows.append(q_target)
-            self.cached_ids.append(int(x))
-            if i + 1 < k:
-                logits = self.model(x.view(1, 1).to(self.model.device), self.cache)[0, -1].cpu()   # (V_draft,)
-        self.cached_ids.pop()                                                         # the last draft was not fed
-        q_draft = torch.stack(q_rows)                                                 # (k, V)
-        token = torch.tensor(proposal)                                                # (k,)
+        masked = lambda lg: lg.masked_fill(self.outside, float("-inf"))               # (V_draft,)
+        feed = lambda i, x: masked(self.model(x.view(1, 1).to(self.model.device), self.cache)[0, -1].cpu())
+        chain = draft_chain(masked(logits), feed, k, sampling, generator, keep_q=True)   # in the draft's vocabulary
+        self.cached_ids += chain.tokens[:-1].tolist()                                 # the last draft was not fed
+        q_draft = torch.zeros(k, self.target_vocab)                                   # (k, V)
+        q_draft[:, self.target_ids] = chain.q_draft[:, self.draft_ids].float()
+        token = self.to_target[chain.tokens]                                          # (k,)
         return Proposal(token, q_draft, q_draft[torch.arange(k), token])

@@ -20,7 +20,7 @@ import torch
 
 from ..core.sampling import SamplingConfig, draw
 from ..models.ragged_cache import RaggedCache, left_pad
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, draft_chain
 
 # The window the lab's command line and benchmark draft with (a DraftModelDrafter made by hand reads the whole
 # context unless given one): read off the acceptance and speed against the window on long prompts, measured by
@@ -76,17 +76,8 @@ class DraftModelDrafter(Drafter):
             return Proposal.empty(tokens)
         unseen = self.unseen(tokens).to(self.model.device)                      # (n,): >= 1 committed token
         logits = self.model(unseen[None], self.cache, num_logits=1)[0, -1].cpu()  # (V,), sampled on the host
-        drafted, q_rows, q_tok = [], [], []
-        for i in range(k):
-            x, probs = draw(logits, sampling, generator)                              # (), (V,)
-            drafted.append(x)
-            q_rows.append(probs)
-            q_tok.append(probs[x])
-            if self._stops(int(x), probs):
-                break
-            if i < k - 1:
-                logits = self.model(x.view(1, 1).to(self.model.device), self.cache)[0, -1].cpu()  # (V,)
-        return Proposal(torch.stack(drafted), None if sampling.greedy else torch.stack(q_rows), torch.stack(q_tok))
+        feed = lambda i, x: self.model(x.view(1, 1).to(self.model.device), self.cache)[0, -1].cpu()  # (V,)
+        return draft_chain(logits, feed, k, sampling, generator, stop=self._stops)
 
     def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
         if n_cached - self.skipped < self.sinks and self.skipped:    # rolled back into the skipped stretch: restart

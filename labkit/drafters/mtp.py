@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from ..core.sampling import SamplingConfig, draw
+from ..core.sampling import SamplingConfig
 from ..models.adapters import MTPVerifier
 from ..models.mtp import MTPModel
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, draft_chain
 
 
 class MTPDrafter(Drafter):
@@ -42,15 +42,12 @@ class MTPDrafter(Drafter):
         p, k = tokens.numel() - 2, min(k, self.max_draft)         # p: last position with a committed input
         if p < 0 or k == 0:                                       # a one-token prompt: nothing seen yet
             return Proposal.empty(tokens)
-        drafted, q_rows, q_tok = [], [], []
         seq = tokens.tolist()
-        for i in range(k):
-            x, probs = draw(self.head_logits(i, p, seq), sampling, generator)              # (), (V,)
-            drafted.append(x)
-            q_rows.append(probs)
-            q_tok.append(probs[x])
+
+        def feed(i: int, x: torch.Tensor) -> torch.Tensor:
             seq.append(int(x))
-        return Proposal(torch.stack(drafted), None if sampling.greedy else torch.stack(q_rows), torch.stack(q_tok))
+            return self.head_logits(i + 1, p, seq)                                          # (V,)
+        return draft_chain(self.head_logits(0, p, seq), feed, k, sampling, generator)
 
 
 class GloeckleDrafter(MTPDrafter):

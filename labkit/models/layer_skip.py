@@ -65,6 +65,7 @@ class LayerSkipModel:
 
 
 GAMMAS = (1, 2, 3, 4, 6, 8)
+CALIBRATION_TOKENS = 256          # of Python's textwrap.py, what the search reads teacher-forced
 
 
 @dataclass
@@ -142,7 +143,7 @@ def search_skip_layers(target: Transformer, calibration_ids: torch.Tensor, max_s
                       calibration_tokens=ids.numel())
 
 
-def calibration_ids(tokenizer, n_tokens: int = 256) -> torch.Tensor:
+def calibration_ids(tokenizer, n_tokens: int = CALIBRATION_TOKENS) -> torch.Tensor:
     """Calibration text on every machine: Python's own `textwrap.py` (code, and English in its docstrings)."""
     import inspect
     import textwrap
