@@ -10,7 +10,7 @@ from labkit.core.adaptive import expected_speedup, expected_tokens
 from labkit.core.trace import Step, Trace
 from labkit.viz.calculator import (
     FLAT,
-    VerifyCost,
+    VerifyCurve,
     bench_points,
     best_gamma,
     chain_speedup,
@@ -35,7 +35,7 @@ def test_flat_verify_is_leviathans_formula():
 
 def test_measured_verify_cost_divides_the_tokens():
     curve = {1: 1.0, 2: 1.0, 5: 1.3, 9: 2.0}
-    cost = VerifyCost(curve)
+    cost = VerifyCurve(curve)
     assert cost(1) == 1.0 and cost(9) == 2.0
     assert cost(3) == pytest.approx(1.1)                  # linear between measured points
     assert cost(13) == pytest.approx(2.7)                 # the last segment's slope beyond them
@@ -44,13 +44,13 @@ def test_measured_verify_cost_divides_the_tokens():
 
 
 def test_a_dear_verify_moves_the_best_gamma_down():
-    steep = VerifyCost({1: 1.0, 2: 1.3, 3: 1.6, 4: 1.9, 5: 2.2, 6: 2.5, 11: 4.0})
+    steep = VerifyCurve({1: 1.0, 2: 1.3, 3: 1.6, 4: 1.9, 5: 2.2, 6: 2.5, 11: 4.0})
     assert best_gamma(0.9, 0.05) == 10                    # flat verify, cheap draft: draft as far as allowed
     assert best_gamma(0.9, 0.05, steep) < best_gamma(0.9, 0.05)
 
 
 def test_tree_of_one_rank_is_the_chain():
-    curve = VerifyCost({1: 1.0, 33: 2.0})
+    curve = VerifyCurve({1: 1.0, 33: 2.0})
     trees = tree_speedups(rank_probabilities(0.7, [0.0, 0.0, 0.0]), 0.3, curve, max_nodes=8)
     for n, tokens, depth, speedup in zip(trees.nodes, trees.tokens, trees.depth, trees.speedup):
         assert depth == n
@@ -68,7 +68,7 @@ def test_tree_expected_length_by_hand():
 
 
 def test_a_tree_never_loses_to_the_chain_of_its_size():
-    cost = VerifyCost({1: 1.0, 9: 1.2, 33: 2.5})
+    cost = VerifyCurve({1: 1.0, 9: 1.2, 33: 2.5})
     trees = tree_speedups(rank_probabilities(0.6, [0.4, 0.2, 0.1]), 0.4, cost, max_nodes=32)
     chains = [chain_speedup(0.6, int(n), 0.4, cost) for n in trees.nodes]
     assert (trees.speedup >= np.array(chains) - 1e-12).all()

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from labkit import autoregressive_generate, tree_generate
+from labkit.core.adaptive import VerifyCurve, VerifyTime
 from labkit.core.sampling import GREEDY
 from labkit.core.trace import Step
-from labkit.core.tree_budget import CostAwareBudget, CurveFit, FixedBudget
+from labkit.core.tree_budget import CostAwareBudget, FixedBudget
 from labkit.drafters.base import Drafter, Proposal
 from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.lookahead import LookaheadDrafter
@@ -87,20 +88,20 @@ STEP_CURVE = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.8, 32: 3.4, 64: 6.7}   # fla
 
 
 def test_curve_fit_interpolates_the_measured_curve_and_scales_it_to_the_run():
-    fit = CurveFit(STEP_CURVE)
+    fit = VerifyTime(STEP_CURVE)
     assert fit(5) == 0.0                                            # nothing seen yet
-    assert [fit.ratio(n) for n in (1, 6, 8, 12, 24, 128)] == pytest.approx([1.0, 1.0, 1.0, 1.4, 2.6, 13.3])
+    assert [fit.curve(n) for n in (1, 6, 8, 12, 24, 128)] == pytest.approx([1.0, 1.0, 1.0, 1.4, 2.6, 13.3])
     fit.add(4, 0.08)
     fit.add(32, 0.272)                                              # 3.4 x 0.08: the same unit
     assert fit(1) == pytest.approx(0.08) and fit(16) == pytest.approx(0.144)
     with pytest.raises(ValueError, match="verify_curve"):
-        CurveFit({1: 1.0})
+        VerifyCurve({1: 1.0})
 
 
 def test_a_flat_then_steep_verify_cost_buys_the_flat_stretch_that_a_line_would_not():
     """Nodes 0..6 are kept two steps in three; the verify costs STEP_CURVE: 7 nodes (8 tokens) cost one step."""
     def verify_of(t):
-        return 0.1 * CurveFit(STEP_CURVE).ratio(t)
+        return 0.1 * VerifyCurve(STEP_CURVE)(t)
 
     def chosen(policy):
         picks = []
@@ -210,3 +211,15 @@ def test_tree_decoding_takes_plain_steps_when_the_drafter_is_wrong_and_stays_exa
         if until < 10**6:
             late = out.trace.steps[-8:]
             assert sum(s.n_accepted for s in late) >= 8, "drafting resumed once the drafter was right"
+
+
+def test_without_a_curve_the_verify_time_is_a_decayed_line_never_falling():
+    fit = VerifyTime()
+    fit.add(2, 0.10)
+    assert fit(9) == pytest.approx(0.10), "one size seen: flat"
+    fit.add(8, 0.16)
+    assert fit(5) == pytest.approx(0.13, abs=0.005) and fit(8) > fit(2)
+    falling = VerifyTime()
+    falling.add(2, 0.2)
+    falling.add(8, 0.1)
+    assert falling(64) == pytest.approx(falling(2)), "a slope below zero is read as flat"

@@ -70,22 +70,57 @@ class HeuristicGamma(GammaPolicy):
         self.k = min(self.max_gamma, self.k + 2) if step.bonus else max(1.0, self.k - 1)
 
 
-class VerifyFit:
-    """A decayed least-squares line t(n) = a + b·n through (tokens per verify pass, seconds) pairs."""
+class VerifyCurve:
+    """t(k)/t(1), the cost of a verify pass over k tokens in one-token passes: this machine's measured curve
+    {tokens: ratio} (linear between its points, the last segment's slope beyond them), or flat (None: 1)."""
 
-    def __init__(self, decay: float = 0.9):
-        self.decay = decay
-        self.sums = [0.0] * 5  # decayed sums: w, n, t, n·n, n·t
+    def __init__(self, curve: dict[int, float] | None = None):
+        self.tokens = self.ratios = self.max_tokens = None
+        if curve:
+            points = sorted((int(t), float(r)) for t, r in curve.items())
+            if len(points) < 2 or points[0][0] < 1 or any(r <= 0 for _, r in points):
+                raise ValueError(f"verify_curve needs >= 2 points {{tokens >= 1: t(tokens)/t(1) > 0}}, got {curve!r}")
+            self.tokens, self.ratios = [t for t, _ in points], [r for _, r in points]
+            self.max_tokens = self.tokens[-1]
+
+    @property
+    def flat(self) -> bool:
+        return self.tokens is None
+
+    def __call__(self, n_tokens: int) -> float:
+        T, R = self.tokens, self.ratios
+        if T is None:
+            return 1.0
+        if n_tokens <= T[0]:
+            return R[0]
+        i = next((i for i in range(1, len(T)) if n_tokens <= T[i]), len(T) - 1)
+        return max(1e-9, R[i - 1] + (R[i] - R[i - 1]) * (n_tokens - T[i - 1]) / (T[i] - T[i - 1]))
+
+
+class VerifyTime:
+    """Seconds of a verify pass over n tokens, learned from the run's own steps: the one verify-cost model of the
+    cost-aware γ and tree-budget policies (and, as its `curve`, of the speedup calculator).
+
+    With a measured curve: the curve's shape scaled by the run's decayed seconds per one-token pass (one size
+    seen is enough). Flat: a decayed least-squares line t(n) = a + b·n through the (tokens, seconds) seen.
+    """
+
+    def __init__(self, curve: dict[int, float] | None = None, decay: float = 0.9):
+        self.curve, self.decay = VerifyCurve(curve), decay
+        self.sums = [0.0] * 5  # decayed sums: w, n, t, n·n, n·t (t: seconds / curve(n))
 
     def add(self, n_tokens: int, seconds: float) -> None:
-        d, n, t = self.decay, n_tokens, seconds
+        d, n, t = self.decay, n_tokens, seconds / self.curve(n_tokens)
         self.sums = [d * s + x for s, x in zip(self.sums, (1.0, n, t, n * n, n * t))]
 
     def __call__(self, n_tokens: int) -> float:
-        """Fitted seconds for a verify pass of n_tokens (flat when only one size was seen; never negative slope)."""
+        """Fitted seconds for a verify pass of n_tokens (a line: flat when only one size was seen; never a
+        negative slope)."""
         w, sn, st, snn, snt = self.sums
         if w == 0:
             return 0.0
+        if not self.curve.flat:
+            return st / w * self.curve(n_tokens)
         var = snn / w - (sn / w) ** 2
         slope = max(0.0, (snt / w - sn * st / w ** 2) / var) if var > 1e-9 else 0.0
         return st / w + slope * (n_tokens - sn / w)
@@ -108,7 +143,7 @@ class CostAwareGamma(GammaPolicy):
         self.probe_every = self.interval = check_gamma(probe_every)
         self.accepted = self.rejected = 0.0
         self.draft_time = self.draft_tokens = 0.0
-        self.verify_time = VerifyFit(decay)   # seconds of a verify pass of n tokens, fitted from the trace
+        self.verify_time = VerifyTime(decay=decay)   # seconds of a verify pass of n tokens, fitted from the trace
         self.n_steps = 0
         self.idle = 0          # plain (γ = 0) steps since the last draft
 

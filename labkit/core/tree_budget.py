@@ -36,34 +36,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from .adaptive import VerifyFit
+from .adaptive import VerifyTime
 from .trace import Step
-
-
-class CurveFit:
-    """Seconds of a verify pass of n tokens: a measured curve t(n)/t(1), scaled by this run's verify seconds."""
-
-    def __init__(self, curve: dict[int, float], decay: float = 0.95):
-        points = sorted((int(t), float(r)) for t, r in curve.items())
-        if len(points) < 2 or points[0][0] < 1 or any(r <= 0 for _, r in points):
-            raise ValueError(f"verify_curve needs >= 2 points {{tokens >= 1: t(tokens)/t(1) > 0}}, got {curve!r}")
-        self.tokens, self.ratios = [t for t, _ in points], [r for _, r in points]
-        self.decay, self.weight, self.unit = decay, 0.0, 0.0
-
-    def ratio(self, n_tokens: int) -> float:
-        """The curve at n_tokens: linear between measured points, the last segment's slope beyond them."""
-        T, R = self.tokens, self.ratios
-        if n_tokens <= T[0]:
-            return R[0]
-        i = next((i for i in range(1, len(T)) if n_tokens <= T[i]), len(T) - 1)
-        return max(1e-9, R[i - 1] + (R[i] - R[i - 1]) * (n_tokens - T[i - 1]) / (T[i] - T[i - 1]))
-
-    def add(self, n_tokens: int, seconds: float) -> None:
-        self.weight = self.decay * self.weight + 1.0
-        self.unit = self.decay * self.unit + seconds / self.ratio(n_tokens)
-
-    def __call__(self, n_tokens: int) -> float:
-        return self.unit / self.weight * self.ratio(n_tokens) if self.weight else 0.0
 
 
 class FixedBudget:
@@ -97,7 +71,7 @@ class CostAwareBudget:
         self.max_budget, self.min_budget = max_budget, min_budget
         self.explore_every, self.warmup = explore_every, warmup
         self.history: deque[tuple[int, int, list[int]]] = deque(maxlen=window)   # (budget, nodes, accepted path)
-        self.verify = CurveFit(verify_curve) if verify_curve else VerifyFit(decay=0.95)
+        self.verify = VerifyTime(verify_curve, decay=0.95)
         self.draft_seconds = 0.0
         self.n_steps = self.n_drafted = 0
         self.last = max_budget

@@ -39,9 +39,8 @@ import numpy as np
 import torch
 from matplotlib.ticker import MaxNLocator
 
-from ..core.adaptive import expected_tokens
+from ..core.adaptive import VerifyCurve, expected_tokens
 from ..core.trace import Trace
-from ..core.tree_budget import CurveFit
 from ..drafters.medusa import medusa_tree
 from .plots import accept_length_counts
 
@@ -66,30 +65,19 @@ def measure_verify_curve(model, context: int = 64, tokens: tuple[int, ...] = CUR
     return {k: seconds[k] / seconds[1] for k in sorted(seconds)}
 
 
-class VerifyCost:
-    """t(k)/t(1) at any k: the measured curve, linear between its points; `VerifyCost(None)` is flat (1)."""
-
-    def __init__(self, curve: dict[int, float] | None):
-        self.fit = CurveFit(curve) if curve else None
-        self.max_tokens = max(curve) if curve else None
-
-    def __call__(self, k: int) -> float:
-        return self.fit.ratio(k) if self.fit else 1.0
-
-
-FLAT = VerifyCost(None)
+FLAT = VerifyCurve(None)
 
 
 # ---- chains ----
 
-def chain_speedup(alpha: float, gamma: int, c: float, verify: VerifyCost = FLAT) -> float:
+def chain_speedup(alpha: float, gamma: int, c: float, verify: VerifyCurve = FLAT) -> float:
     """Expected speedup of γ-token drafts: E[tokens per step] / (γ c + t(γ+1)/t(1)) (flat verify: Leviathan)."""
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
     return expected_tokens(alpha, gamma) / (gamma * c + verify(gamma + 1))
 
 
-def best_gamma(alpha: float, c: float, verify: VerifyCost = FLAT, max_gamma: int = MAX_GAMMA) -> int:
+def best_gamma(alpha: float, c: float, verify: VerifyCurve = FLAT, max_gamma: int = MAX_GAMMA) -> int:
     """The γ in 1..max_gamma with the highest `chain_speedup`."""
     return max(range(1, max_gamma + 1), key=lambda g: chain_speedup(alpha, g, c, verify))
 
@@ -126,7 +114,7 @@ class TreeCurve:
     speedup: np.ndarray
 
 
-def tree_speedups(probs, c: float, verify: VerifyCost = FLAT, max_nodes: int = MAX_NODES) -> TreeCurve:
+def tree_speedups(probs, c: float, verify: VerifyCurve = FLAT, max_nodes: int = MAX_NODES) -> TreeCurve:
     """Best trees of 1..max_nodes nodes under the rank model `probs` (p_r per depth), priced depth·c + t(n+1)/t(1)."""
     probs = np.asarray(probs, dtype=float)
     if (probs <= 0).all():
@@ -251,7 +239,7 @@ def draw(axes, alpha: float, gamma: int, c: float, curve: dict[int, float], shar
          max_gamma: int = MAX_GAMMA, max_nodes: int = MAX_NODES) -> dict:
     """The verify curve, chains against γ and trees against n on three axes; the numbers drawn, as a dict."""
     ax_cost, ax_chain, ax_tree = axes
-    here = VerifyCost(curve)
+    here = VerifyCurve(curve)
     # 1. what a verify pass costs
     ks = np.array(sorted(curve))
     ax_cost.plot(ks, [curve[k] for k in ks], "o-", ms=3, color=COLOURS["machine"], label="this machine")
