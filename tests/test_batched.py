@@ -188,3 +188,17 @@ def test_accept_rows_sampled_bonus_comes_from_p_after_the_row_s_proposal():
     want = torch.stack([torch.cat([torch.zeros(1), p[0, 1:]]),     # rejected: the residual of p0 without token 0
                         p[0, 0] * p[1]])                           # kept: p0(0) times the bonus distribution
     assert 0.5 * (joint / B - want).abs().sum() < 0.03
+
+
+def test_a_batch_steps_like_any_decoder_one_forward_for_every_live_row(tiny_target):
+    from labkit.decoding.batched import BatchedSpeculativeDecoder
+    sampling = SamplingConfig(temperature=0.8)
+    dec = BatchedSpeculativeDecoder(tiny_target, PromptLookupDrafter(), PROMPTS, 10, gamma=3, sampling=sampling, seed=5)
+    steps = 0
+    while not dec.done:
+        dec.step()
+        steps += 1
+    stepped = dec.result()
+    whole = batched_speculative_generate(tiny_target, PromptLookupDrafter(), PROMPTS, 10, 3, sampling, seed=5)
+    assert tokens(stepped) == tokens(whole) and all(len(g.tokens) == 10 for g in stepped)
+    assert steps == max(g.trace.n_target_forwards for g in stepped), "each step is one forward of the batch"

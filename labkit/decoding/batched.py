@@ -35,11 +35,13 @@ from ..models.target import Target
 from .base import Generation, check_drafter, check_eos, check_request, check_sampling, cut, finished, seeded
 
 
-class _Batch:
-    """The bookkeeping of B rows: prompts, new tokens and a trace each, and the shared clock."""
+class BatchDecoder:
+    """B rows decoded together: the batch's `Decoder`. It keeps prompts, new tokens and a trace per row and the
+    shared clock; each `step()` is one target forward for every live row, and `run()` steps until every row is
+    done and returns one `Generation` per row. A subclass sets up its caches and implements `step()`."""
 
-    def __init__(self, target: Target, prompts: list[torch.Tensor], max_new_tokens: int, method: str,
-                 eos_token_ids: tuple[int, ...], seed: int | None, clock, sampling: SamplingConfig):
+    def begin(self, target: Target, prompts: list[torch.Tensor], max_new_tokens: int, method: str,
+              eos_token_ids: tuple[int, ...], seed: int | None, clock, sampling: SamplingConfig) -> None:
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts must be a non-empty list of 1-D token-id tensors, one per row")
         self.prompts = [check_request(target, p, max_new_tokens).tolist() for p in prompts]
@@ -47,8 +49,22 @@ class _Batch:
         self.new: list[list[int]] = [[] for _ in prompts]
         self.traces = [Trace(method=method, prompt_len=len(p)) for p in self.prompts]
         self.max_new_tokens, self.eos, self.clock = max_new_tokens, set(check_eos(eos_token_ids)), clock
-        self.generator = seeded(seed)
+        self.generator, self.sampling = seeded(seed), sampling
         self.t0 = clock()
+        self.prefill_time = 0.0
+
+    @property
+    def done(self) -> bool:
+        return not any(self.live)
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> list[Generation]:
+        """Step until every row has reached EOS or max_new_tokens."""
+        while not self.done:
+            self.step()
+        return self.result()
 
     @property
     def live(self) -> list[bool]:
@@ -67,36 +83,48 @@ class _Batch:
             return
         trace.stop_reason = "eos" if any(t in self.eos for t in self.new[b]) else "max_new_tokens"
 
-    def result(self, prefill_time: float) -> list[Generation]:
+    def result(self) -> list[Generation]:
         total = self.clock() - self.t0
         for trace in self.traces:
-            trace.prefill_time, trace.total_time = prefill_time, total
+            trace.prefill_time, trace.total_time = self.prefill_time, total
         return [Generation(new, trace) for new, trace in zip(self.new, self.traces)]
 
 
-@torch.no_grad()
+class BatchedAutoregressiveDecoder(BatchDecoder):
+    """The baseline: one forward of B tokens per step. prompts: B tensors (T_b,) of any lengths."""
+
+    @torch.no_grad()
+    def __init__(self, model: Target, prompts: list[torch.Tensor], max_new_tokens: int,
+                 sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (), seed: int | None = None,
+                 clock=time.perf_counter):
+        self.begin(model, prompts, max_new_tokens, "batched/autoregressive", eos_token_ids, seed, clock, sampling)
+        B = len(self.prompts)
+        self.cache = RaggedCache(model, B, max(map(len, self.prompts)) + max_new_tokens)
+        self.logits = self.cache.feed(*left_pad(self.prompts))[:, -1]                    # (B, V)
+        self.prefill_time, self.verify_time = clock() - self.t0, 0.0
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Each live row takes its next token from the last forward; then one forward feeds them all."""
+        token = next_token(self.logits, self.sampling, self.generator)                  # (B,)
+        for b, live in enumerate(self.live):
+            if live:
+                self.commit(b, [int(token[b])], Step([], 0, int(token[b]), True, 0.0, self.verify_time))
+        if self.done:
+            return
+        t1 = self.clock()
+        self.logits = self.cache.feed(token[:, None], torch.tensor(self.live).long())[:, -1]   # (B, V)
+        self.verify_time = self.clock() - t1
+
+
 def batched_autoregressive_generate(model: Target, prompts: list[torch.Tensor], max_new_tokens: int,
                                     sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
                                     seed: int | None = None, clock=time.perf_counter) -> list[Generation]:
-    """The baseline: one forward of B tokens per step. prompts: B tensors (T_b,) of any lengths.
+    """The baseline over B prompts (BatchedAutoregressiveDecoder.run).
 
     clock: what the timings use; time.thread_time (with one torch thread) is stable on a shared CPU.
     """
-    batch = _Batch(model, prompts, max_new_tokens, "batched/autoregressive", eos_token_ids, seed, clock, sampling)
-    B = len(batch.prompts)
-    cache = RaggedCache(model, B, max(map(len, batch.prompts)) + max_new_tokens)
-    logits = cache.feed(*left_pad(batch.prompts))[:, -1]                               # (B, V)
-    prefill_time, verify_time = clock() - batch.t0, 0.0
-    while True:
-        token = next_token(logits, sampling, batch.generator)                          # (B,)
-        for b, live in enumerate(batch.live):
-            if live:
-                batch.commit(b, [int(token[b])], Step([], 0, int(token[b]), True, 0.0, verify_time))
-        if not any(batch.live):
-            return batch.result(prefill_time)
-        t1 = clock()
-        logits = cache.feed(token[:, None], torch.tensor(batch.live).long())[:, -1]   # (B, V)
-        verify_time = clock() - t1
+    return BatchedAutoregressiveDecoder(model, prompts, max_new_tokens, sampling, eos_token_ids, seed, clock).run()
 
 
 def accept_rows(draft: torch.Tensor, k: torch.Tensor, logits: torch.Tensor, q_draft: torch.Tensor | None,
@@ -124,34 +152,40 @@ def accept_rows(draft: torch.Tensor, k: torch.Tensor, logits: torch.Tensor, q_dr
     return n, sample(next_probs, generator)
 
 
-@torch.no_grad()
-def batched_speculative_generate(target: Target, drafter: Drafter, prompts: list[torch.Tensor], max_new_tokens: int,
-                                 gamma: int = 4, sampling: SamplingConfig = GREEDY,
-                                 eos_token_ids: tuple[int, ...] = (), seed: int | None = None,
-                                 clock=time.perf_counter) -> list[Generation]:
+class BatchedSpeculativeDecoder(BatchDecoder):
     """Speculative decoding of B prompts: every row proposes up to γ tokens, one target forward verifies all."""
-    check_drafter(drafter)
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
-    if drafter.reads_features or drafter.reads_verdict:
-        raise ValueError(f"the {drafter.name} drafter reads the target's features or verdicts, which only the tree "
-                         "loop gives: batch a chain drafter (draft model, prompt lookup)")
-    drafter.check_target(target)
-    batch = _Batch(target, prompts, max_new_tokens, f"batched/{drafter.name}", eos_token_ids, seed, clock, sampling)
-    B, V = len(batch.prompts), target.vocab_size
-    max_len = max(map(len, batch.prompts)) + (gamma + 2) * (max_new_tokens + 1)       # worst case: 1 token a step
-    cache = RaggedCache(target, B, max_len)                                   # every committed token but the last
-    if max(map(len, batch.prompts)) > 1:
-        cache.feed(*left_pad([p[:-1] for p in batch.prompts]))
-    drafter.start_rows([torch.tensor(p) for p in batch.prompts], max_len)
-    prefill_time = clock() - batch.t0
-    while any(live := batch.live):
-        seqs = [batch.sequence(b) for b in range(B)]
-        k = [min(gamma, max_new_tokens - len(new) - 1) if on else 0 for new, on in zip(batch.new, live)]
+
+    @torch.no_grad()
+    def __init__(self, target: Target, drafter: Drafter, prompts: list[torch.Tensor], max_new_tokens: int,
+                 gamma: int = 4, sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
+                 seed: int | None = None, clock=time.perf_counter):
+        check_drafter(drafter)
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
+        if drafter.reads_features or drafter.reads_verdict:
+            raise ValueError(f"the {drafter.name} drafter reads the target's features or verdicts, which only the tree "
+                             "loop gives: batch a chain drafter (draft model, prompt lookup)")
+        drafter.check_target(target)
+        self.begin(target, prompts, max_new_tokens, f"batched/{drafter.name}", eos_token_ids, seed, clock, sampling)
+        max_len = max(map(len, self.prompts)) + (gamma + 2) * (max_new_tokens + 1)       # worst case: 1 token a step
+        self.cache = cache = RaggedCache(target, len(self.prompts), max_len)   # every committed token but the last
+        if max(map(len, self.prompts)) > 1:
+            cache.feed(*left_pad([p[:-1] for p in self.prompts]))
+        drafter.start_rows([torch.tensor(p) for p in self.prompts], max_len)
+        self.prefill_time = clock() - self.t0
+        self.target, self.drafter, self.gamma = target, drafter, gamma
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """propose -> verify -> accept -> commit, for every live row at once."""
+        drafter, sampling, cache, clock, live = self.drafter, self.sampling, self.cache, self.clock, self.live
+        B, V = len(self.prompts), self.target.vocab_size
+        seqs = [self.sequence(b) for b in range(B)]
+        k = [min(self.gamma, self.max_new_tokens - len(new) - 1) if on else 0 for new, on in zip(self.new, live)]
         # 1. Propose: at most k[b] tokens per row (a finished row proposes none)
         t1 = clock()
         proposals = [p.limit(n) for p, n in zip(drafter.propose_rows([torch.tensor(s) for s in seqs], k, sampling,
-                                                                     batch.generator), k)]
+                                                                     self.generator), k)]
         if not all(p.is_chain for p in proposals):
             raise ValueError(f"the {drafter.name} drafter proposed a tree: batched decoding verifies chains")
         k_row = torch.tensor([p.k for p in proposals])                                 # (B,)
@@ -169,7 +203,7 @@ def batched_speculative_generate(target: Target, drafter: Drafter, prompts: list
         logits = unpad(cache.feed(tokens, n_real), n_real)[:, :K + 1]                 # (B, K+1, V)
         t3 = clock()
         # 3. Accept: each row's longest agreeing prefix of its own proposal, plus one token of the target's
-        n_accepted, next_tokens = accept_rows(draft, k_row, logits, q_draft, sampling, batch.generator)
+        n_accepted, next_tokens = accept_rows(draft, k_row, logits, q_draft, sampling, self.generator)
         p_target = logits.log_softmax(-1) if sampling.greedy else probs_from_logits(logits, sampling).log()
         # 4. Commit: extend each live row; roll both caches back to each row's committed tokens but the last
         for b, p in enumerate(proposals):
@@ -178,11 +212,19 @@ def batched_speculative_generate(target: Target, drafter: Drafter, prompts: list
             n = int(n_accepted[b])
             step = Step(p.tokens.tolist(), n, int(next_tokens[b]), n == p.k, t2 - t1, t3 - t2,
                         p_target[b, torch.arange(p.k), p.tokens].exp().tolist(), p.q_token.tolist())
-            batch.commit(b, p.tokens[:n].tolist() + [int(next_tokens[b])], step)
-        n_cached = [len(batch.sequence(b)) - 1 for b in range(B)]
+            self.commit(b, p.tokens[:n].tolist() + [int(next_tokens[b])], step)
+        n_cached = [len(self.sequence(b)) - 1 for b in range(B)]
         cache.truncate_rows(torch.minimum(torch.tensor(n_cached), cache.length))
         drafter.commit_rows(n_cached)
-    return batch.result(prefill_time)
+
+
+def batched_speculative_generate(target: Target, drafter: Drafter, prompts: list[torch.Tensor], max_new_tokens: int,
+                                 gamma: int = 4, sampling: SamplingConfig = GREEDY,
+                                 eos_token_ids: tuple[int, ...] = (), seed: int | None = None,
+                                 clock=time.perf_counter) -> list[Generation]:
+    """Speculative decoding of B prompts (BatchedSpeculativeDecoder.run)."""
+    return BatchedSpeculativeDecoder(target, drafter, prompts, max_new_tokens, gamma, sampling, eos_token_ids, seed,
+                                     clock).run()
 
 
 def batch_summary(generations: list[Generation]) -> dict:
