@@ -17,9 +17,14 @@ from .sampling import sample
 
 @dataclass(frozen=True)
 class Acceptance:
-    n_accepted: int      # leading draft tokens kept, 0..K
-    next_token: int      # the correction (rejected position) or the bonus token (all accepted)
-    bonus: bool          # True when all K draft tokens were accepted
+    """What one verify pass kept: for one sequence (ints), or for B rows at once (tensors (B,), what the batched
+    kernels in labkit.kernels return)."""
+    n_accepted: int | torch.Tensor           # leading draft tokens kept, 0..K
+    next_token: int | torch.Tensor | None    # the correction (rejected position) or the bonus token (all accepted);
+                                             # None while it is still to be drawn from next_probs
+    bonus: bool | torch.Tensor               # True when all K draft tokens were accepted
+    next_probs: torch.Tensor | None = None   # (B, V) a batched sampled verify: the residual (or p, for the bonus)
+                                             # that next_token is drawn from (kernels.sample_next)
 
     def tokens(self, draft_tokens: torch.Tensor) -> list[int]:
         """The tokens this step commits: the accepted prefix and the next token."""

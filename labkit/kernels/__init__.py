@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from ..core.acceptance import Acceptance
 from . import acceptance as _acceptance
 from . import tree_attention as _tree
-from .acceptance import GreedyAcceptance, SampledAcceptance, sample_next
+from .acceptance import sample_next
 from .tree_attention import ancestor_mask, random_tree, tree_mask
 
 HAVE_TRITON = _tree.triton is not None
@@ -31,17 +32,17 @@ def attend_tree(q, k, v, parents, prefix_len: int, mask=None) -> torch.Tensor:
     return fn(q, k, v, parents, prefix_len, mask=mask)
 
 
-def greedy_accept(draft_tokens, target_logits) -> GreedyAcceptance:
+def greedy_accept(draft_tokens, target_logits) -> Acceptance:
     """Greedy acceptance for B rows: draft (B, K), target logits (B, K+1, V)."""
     fn = _acceptance.greedy_accept if use_triton(target_logits) else _acceptance.greedy_accept_ref
     return fn(draft_tokens, target_logits)
 
 
-def sampled_accept(draft_tokens, q_draft, p_target, uniforms) -> SampledAcceptance:
+def sampled_accept(draft_tokens, q_draft, p_target, uniforms) -> Acceptance:
     """Rejection-sampling acceptance for B rows: draft (B, K), q (B, K, V), p (B, K+1, V), u (B, K)."""
     fn = _acceptance.sampled_accept if use_triton(p_target) else _acceptance.sampled_accept_ref
     return fn(draft_tokens, q_draft, p_target, uniforms)
 
 
 __all__ = ["HAVE_TRITON", "use_triton", "attend_tree", "greedy_accept", "sampled_accept", "sample_next",
-           "GreedyAcceptance", "SampledAcceptance", "ancestor_mask", "tree_mask", "random_tree"]
+           "ancestor_mask", "tree_mask", "random_tree"]

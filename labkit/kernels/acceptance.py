@@ -13,29 +13,19 @@ sampled runs one program a row.
 
 Triton tutorial order: kernels, wrappers, torch references, check, benchmark.
 
-    TRITON_INTERPRET=1 python -m kernels.acceptance     # check on CPU (interpreter)
+    TRITON_INTERPRET=1 python -m labkit.kernels.acceptance     # check on CPU (interpreter)
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
+
+from ..core.acceptance import Acceptance
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # labkit works without Triton: kernels/__init__.py dispatches to the reference
     triton = None
-
-
-class GreedyAcceptance(NamedTuple):
-    n_accepted: torch.Tensor     # (B,) leading draft tokens kept, 0..K
-    next_token: torch.Tensor     # (B,) the target's token after them (correction or bonus)
-
-
-class SampledAcceptance(NamedTuple):
-    n_accepted: torch.Tensor     # (B,) leading draft tokens kept, 0..K
-    next_probs: torch.Tensor     # (B, V) residual norm(max(0, p - q)) at the rejection, or p_target[K] (bonus)
 
 
 if triton is not None:
@@ -125,7 +115,7 @@ def check_batch(draft_tokens: torch.Tensor, target: torch.Tensor, q_draft: torch
         raise ValueError(f"uniforms must be (B, K) like draft_tokens, got {tuple(uniforms.shape)}")
 
 
-def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor, block_v: int = 1024) -> GreedyAcceptance:
+def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor, block_v: int = 1024) -> Acceptance:
     """Triton greedy acceptance. draft_tokens: (B, K); target_logits: (B, K+1, V)."""
     check_batch(draft_tokens, target_logits)
     B, K1, V = target_logits.shape
@@ -137,11 +127,11 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor, block
                             BLOCK_V=min(block_v, triton.next_power_of_2(V)))
     _greedy_accept_kernel[(B,)](draft_tokens, argmax, n, nxt, K1 - 1, draft_tokens.stride(0),
                                 BLOCK_K=triton.next_power_of_2(K1))
-    return GreedyAcceptance(n, nxt)
+    return Acceptance(n, nxt, n == K1 - 1)
 
 
 def sampled_accept(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: torch.Tensor,
-                   uniforms: torch.Tensor, block_v: int = 1024) -> SampledAcceptance:
+                   uniforms: torch.Tensor, block_v: int = 1024) -> Acceptance:
     """Triton rejection-sampling acceptance. draft (B, K), q_draft (B, K, V), p_target (B, K+1, V), u (B, K)."""
     check_batch(draft_tokens, p_target, q_draft, uniforms)
     B, K1, V = p_target.shape
@@ -153,21 +143,21 @@ def sampled_accept(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: 
                                  draft_tokens.stride(0), q_draft.stride(0), q_draft.stride(1),
                                  p_target.stride(0), p_target.stride(1), uniforms.stride(0), next_probs.stride(0),
                                  BLOCK_V=min(block_v, triton.next_power_of_2(V)))
-    return SampledAcceptance(n, next_probs)
+    return Acceptance(n, None, n == K1 - 1, next_probs)
 
 
-def greedy_accept_ref(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> GreedyAcceptance:
+def greedy_accept_ref(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Acceptance:
     """The torch reference of greedy_accept (labkit.core.acceptance.greedy_accept for B rows)."""
     check_batch(draft_tokens, target_logits)
     K = draft_tokens.shape[1]
     target_tokens = target_logits.argmax(-1)                                             # (B, K+1)
     matches = (target_tokens[:, :K] == draft_tokens).long()                             # (B, K)
     n = matches.cumprod(1).sum(1)                                                        # (B,)
-    return GreedyAcceptance(n, target_tokens.gather(1, n[:, None])[:, 0])
+    return Acceptance(n, target_tokens.gather(1, n[:, None])[:, 0], n == K)
 
 
 def sampled_accept_ref(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: torch.Tensor,
-                       uniforms: torch.Tensor) -> SampledAcceptance:
+                       uniforms: torch.Tensor) -> Acceptance:
     """The torch reference of sampled_accept (labkit.core.acceptance.speculative_accept for B rows, u given)."""
     check_batch(draft_tokens, p_target, q_draft, uniforms)
     B, K = draft_tokens.shape
@@ -181,11 +171,11 @@ def sampled_accept_ref(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_targ
     res_sum = residual.sum(-1, keepdim=True)                                             # (B, 1)
     use_p = (res_sum <= 0)                                                               # p == q up to rounding
     residual = torch.where(use_p, p_n, residual) / torch.where(use_p, p_n.sum(-1, keepdim=True), res_sum)
-    bonus = (n == K)[:, None]
-    return SampledAcceptance(n, torch.where(bonus, p_n, residual))
+    bonus = n == K                                                                       # (B,)
+    return Acceptance(n, None, bonus, torch.where(bonus[:, None], p_n, residual))
 
 
-def sample_next(acc: SampledAcceptance, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_next(acc: Acceptance, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw each row's next token (B,) from next_probs, row by row as labkit.core.sampling.sample does."""
     return torch.stack([torch.multinomial(row.cpu(), 1, generator=generator)[0] for row in acc.next_probs])
 
@@ -197,8 +187,9 @@ def check(B=5, K=6, V=300, dtype=torch.float32, device="cpu", seed=0) -> None:
     draft = logits[:, :K].argmax(-1)                                                     # all accepted ...
     draft[1, 2] = (draft[1, 2] + 1) % V                                                  # ... but row 1 at 2
     draft[2, 0] = (draft[2, 0] + 1) % V                                                  # and row 2 at 0
-    for got, want in zip(greedy_accept(draft, logits), greedy_accept_ref(draft, logits)):
-        torch.testing.assert_close(got, want)
+    got, want = greedy_accept(draft, logits), greedy_accept_ref(draft, logits)
+    for field in ("n_accepted", "next_token", "bonus"):
+        torch.testing.assert_close(getattr(got, field), getattr(want, field))
     p_target = torch.rand(B, K + 1, V, generator=g).pow(4).to(device)
     p_target = (p_target / p_target.sum(-1, keepdim=True)).to(dtype)
     q_draft = torch.rand(B, K, V, generator=g).pow(4).to(device)

@@ -10,8 +10,8 @@ Triton tutorial order: the kernel (online softmax over the prefix, then over the
 ancestor mask, after 06-fused-attention), its wrapper, the torch reference and a check, and a
 benchmark against the reference and `scaled_dot_product_attention` with a boolean mask.
 
-    TRITON_INTERPRET=1 python -m kernels.tree_attention     # check on CPU (interpreter)
-    python -m kernels.tree_attention --bench                # on a CUDA device
+    TRITON_INTERPRET=1 python -m labkit.kernels.tree_attention     # check on CPU (interpreter)
+    python -m labkit.kernels.tree_attention --bench                # on a CUDA device
 """
 from __future__ import annotations
 

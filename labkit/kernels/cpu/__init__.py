@@ -20,7 +20,7 @@ The sources are compiled on first use, for this CPU (-march=native: AVX-512, AVX
 products where the CPU has them, else AVX2 + FMA), with torch's C++ extension builder (needs a
 C++ compiler and ninja) into labkit's cache, once per CPU, source and torch version.
 
-    python -m kernels.cpu          # build, check against the references, print what was built
+    python -m labkit.kernels.cpu          # build, check against the references, print what was built
 """
 from __future__ import annotations
 
