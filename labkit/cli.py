@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -119,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("what", choices=TRAINERS, help="what to run: " + "; ".join(f"{k}: {v[1]}" for k, v in
                                                                             TRAINERS.items()))
     t.add_argument("args", nargs=argparse.REMAINDER, help="its own options")
+    m = sub.add_parser("measure", help="run one of the checkout's measurement scripts (scripts/NAME.py, which write "
+                                       "data/bench/); `measure --list` names them, `measure NAME --help` its options")
+    m.add_argument("what", nargs="?", help="the script's name, e.g. roofline, bench_heads, layer_skip_search")
+    m.add_argument("--list", action="store_true", help="list the measurement scripts and what each measures")
+    m.add_argument("args", nargs=argparse.REMAINDER, help="its own options")
     f = sub.add_parser("fetch", help="download, verify and convert presets (all when none named)")
     f.add_argument("names", nargs="*")
     add_bench_parser(sub)
@@ -321,6 +327,38 @@ def cmd_train(a) -> int:
     return 0
 
 
+def measurements() -> dict[str, Path]:
+    """The checkout's measurement scripts, scripts/NAME.py, by NAME (they are not part of an installed package)."""
+    from .core.shipped import CHECKOUT
+    folder = CHECKOUT / "scripts"
+    if not folder.is_dir():
+        raise ValueError(f"the measurement scripts live in a checkout's scripts/ folder, and {folder} is not there: "
+                         "clone the repository and run `python -m labkit measure` from it")
+    return {p.stem: p for p in sorted(folder.glob("*.py"))}
+
+
+def cmd_measure(a) -> int:
+    """measure NAME ARGS...: scripts/NAME.py as `python scripts/NAME.py ARGS...` runs it; --list: every script."""
+    import ast
+    import runpy
+    scripts = measurements()
+    if a.list or not a.what:
+        for name, path in scripts.items():
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            print(f"{name:28s} {doc.splitlines()[0] if doc else ''}")
+        return 0
+    if a.what not in scripts:
+        raise ValueError(f"no measurement script {a.what!r}: choose one of {', '.join(scripts)} "
+                         "(`python -m labkit measure --list` says what each measures)")
+    argv = sys.argv
+    sys.argv = [f"python -m labkit measure {a.what}", *a.args]      # what the script's own argparse reads
+    try:
+        runpy.run_path(str(scripts[a.what]), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return 0
+
+
 def cmd_methods(a) -> int:
     from .bench.methods import METHODS
     for name, m in METHODS.items():
@@ -428,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "models": cmd_models, "methods": cmd_methods, "fetch": cmd_fetch,
-                "bench": cmd_bench, "verify-cost": cmd_verify_cost, "lab": cmd_lab, "train": cmd_train}[a.command](a)
+                "bench": cmd_bench, "verify-cost": cmd_verify_cost, "lab": cmd_lab, "train": cmd_train,
+                "measure": cmd_measure}[a.command](a)
     except (ValueError, ModelFetchError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -146,3 +146,16 @@ def test_training_runs_from_the_one_command_line(capsys):
         main(["train", "nothing"])
     err = capsys.readouterr().err
     assert done.value.code == 2 and "invalid choice" in err and "medusa" in err
+
+
+def test_measurements_run_from_the_one_command_line(capsys, monkeypatch):
+    assert main(["measure", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "roofline" in listed and "Time per target forward" in listed and "layer_skip_search" in listed
+    with pytest.raises(SystemExit) as done:
+        main(["measure", "roofline", "--help"])
+    assert done.value.code == 0 and "--max-tokens" in capsys.readouterr().out
+    assert main(["measure", "nothing"]) == 2 and "measure --list" in capsys.readouterr().err
+    import labkit.core.shipped as shipped
+    monkeypatch.setattr(shipped, "CHECKOUT", shipped.CHECKOUT / "not-a-checkout")
+    assert main(["measure", "--list"]) == 2 and "clone the repository" in capsys.readouterr().err
