@@ -48,6 +48,21 @@ def test_static_greedy_equals_autoregressive(compile):
     assert again.tokens == autoregressive_generate(model, prompt[:5], max_new_tokens=10).tokens
 
 
+
+def test_the_static_decoder_steps_like_any_decoder_and_stops_at_eos():
+    from labkit.decoding.base import Decoder
+    model = tiny_model(seed=3)
+    prompt = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+    ref = autoregressive_generate(model, prompt, max_new_tokens=12).tokens
+    dec = StaticDecoder(model, max_len=40).start(prompt, 12)
+    assert isinstance(dec, Decoder) and dec.tokens[-1] == ref[0] and not dec.done     # the prefill's token
+    while not dec.done:
+        dec.step()
+    assert dec.tokens[len(prompt):] == ref and dec.trace.stop_reason == "max_new_tokens"
+    stop = ref[5]
+    early = StaticDecoder(model, max_len=40).generate(prompt, 12, eos_token_ids=(stop,))
+    assert early.tokens == ref[:ref.index(stop) + 1] and early.trace.stop_reason == "eos"
+
 def test_static_decoder_refuses_what_it_cannot_do(tiny_target):
     with pytest.raises(ValueError, match="cuda_graph=True needs the model on a CUDA device"):
         StaticDecoder(tiny_target, max_len=16, cuda_graph=True)

@@ -1,9 +1,10 @@
 """What every decoding loop shares: the request, its checks, the seed, EOS and stopping, the result.
 
-A loop (autoregressive, chain, tree, batched) is a `Decoder`: it owns the committed tokens, the
-target's cache and the trace, and each `step()` is one target forward that commits one or more
-tokens. `run()` steps until EOS, max_new_tokens or the end of the context and returns a
-`Generation`: the new tokens and the trace of every step.
+A loop (autoregressive, chain, tree, static, compiled) is a `Decoder`: it owns the committed
+tokens, the target's cache and the trace, and each `step()` is one target forward that commits one
+or more tokens. `run()` steps until EOS, max_new_tokens or the end of the context and returns a
+`Generation`: the new tokens and the trace of every step. The batched loops keep the same contract
+for B rows at once (`batched.BatchDecoder`: one Generation per row).
 """
 from __future__ import annotations
 

@@ -19,10 +19,11 @@ import time
 
 import torch
 
-from ..core.trace import Step, Trace
+from ..core.sampling import GREEDY
+from ..core.trace import Step
 from ..models.kv_cache import LayerSlots, StaticKVCache
 from ..models.transformer import Transformer
-from .base import Generation
+from .base import Decoder, Generation
 
 
 def block_step(block, x, cos, sin, k, v, slots, mask):
@@ -110,11 +111,12 @@ def prefill(model: Transformer, cache: StaticKVCache, tokens: torch.Tensor, **kw
     return out
 
 
-class StaticDecoder:
+class StaticDecoder(Decoder):
     """Greedy decoding through `static_forward`: eager, compiled, and/or replayed as a CUDA graph.
 
         dec = StaticDecoder(model, max_len=1024, compile=True, cuda_graph=True)
         gen = dec.generate(prompt_ids, max_new_tokens=256)     # gen.tokens, gen.trace.decode_tokens_per_second
+        dec.start(prompt_ids, 64); dec.step()                   # or one step at a time, as any Decoder
 
     compile: torch.compile the one-token step (`compile_backend`, default inductor; "eager" only
     traces it, which is what the CPU tests check), whole (True) or a block at a time ("blocks", see `compiled`); `compile_options` go to inductor, e.g. gpt-fast's
@@ -176,33 +178,44 @@ class StaticDecoder:
         self._graph, self._graph_logits = capture_graph(self._step, warmups=3)  # logits (1, 1, V), refilled by replays
 
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: tuple[int, ...] = ()) -> Generation:
-        """Greedy: the prompt (T,), then up to `max_new_tokens` tokens, one decode step each (the first comes
-        from the prefill), stopping after an end-of-sequence token. The trace has a step per token, timed after a
-        device synchronisation."""
-        if prompt_ids.numel() + max_new_tokens > self.max_len:
-            raise ValueError(f"{prompt_ids.numel()} prompt + {max_new_tokens} new tokens exceed max_len={self.max_len}")
-        sync = torch.cuda.synchronize if self.model.device.type == "cuda" else (lambda: None)
+    def start(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: tuple[int, ...] = ()
+              ) -> "StaticDecoder":
+        """A new request (greedy): check it, read the prompt, and commit the first token, the prefill's; then
+        `step()` decodes one token at a time, `run()` to the end."""
+        self.begin(self.model, prompt_ids, max_new_tokens, "static", eos_token_ids, None, GREEDY)
+        if self.prompt.numel() + max_new_tokens > self.max_len:
+            raise ValueError(f"{self.prompt.numel()} prompt + {max_new_tokens} new tokens exceed "
+                             f"max_len={self.max_len}")
         if not self._warm:
             self.warmup()
-        sync()
-        trace = Trace(method="static", prompt_len=prompt_ids.numel(), stop_reason="max_new_tokens")
-        t0 = time.perf_counter()
-        token = int(self.prefill(prompt_ids).argmax())
-        sync()
-        trace.prefill_time = time.perf_counter() - t0
-        trace.steps.append(Step([], 0, token, True, 0.0, 0.0))
-        eos = set(eos_token_ids)
-        while len(trace.steps) < max_new_tokens and token not in eos:
-            t1 = time.perf_counter()
-            token = int(self.decode_one(token).argmax())   # .item(): one host sync a token, as any decoder has
-            trace.steps.append(Step([], 0, token, True, 0.0, time.perf_counter() - t1))
-        if token in eos:
-            trace.stop_reason = "eos"
-        sync()
-        trace.total_time = time.perf_counter() - t0
-        trace.n_generated = len(trace.steps)
-        return Generation([s.next_token for s in trace.steps], trace)
+        self._sync()
+        self._t0 = time.perf_counter()
+        token = int(self.prefill(self.prompt).argmax())
+        self._sync()
+        self.trace.prefill_time = time.perf_counter() - self._t0
+        self._record(Step([], 0, token, True, 0.0, 0.0), self._commit([token]))
+        return self
+
+    @torch.no_grad()
+    def step(self) -> Step:
+        """One decode step: the last committed token in, the next one out (.item(): one host sync a token)."""
+        t1 = time.perf_counter()
+        token = int(self.decode_one(self.tokens[-1]).argmax())
+        return self._record(Step([], 0, token, True, 0.0, time.perf_counter() - t1), self._commit([token]))
+
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
+                 eos_token_ids: tuple[int, ...] = ()) -> Generation:
+        """Greedy: the prompt (T,), then up to `max_new_tokens` tokens, one decode step each (the first comes
+        from the prefill), stopping after an end-of-sequence token. The trace has a step per token; its total
+        time runs from the prefill to the last token, after a device synchronisation."""
+        gen = self.start(prompt_ids, max_new_tokens, eos_token_ids).run()
+        self._sync()
+        gen.trace.total_time = time.perf_counter() - self._t0
+        return gen
+
+    def _sync(self) -> None:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
 
 
 def capture_graph(fn, warmups: int = 2):
