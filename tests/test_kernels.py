@@ -187,6 +187,8 @@ def test_sampled_acceptance_kernel_matches_reference(dtype):
 
 def test_dispatch_uses_the_reference_on_cpu():
     assert not kernels.use_triton(torch.zeros(1))
+    ok, why = kernels.available()
+    assert ok == (kernels.HAVE_TRITON and torch.cuda.is_available()) and why
     logits = torch.randn(2, 4, 50)
     draft = planted_draft(logits, {1: 1})
     assert kernels.greedy_accept(draft, logits).n_accepted.tolist() == [3, 1]

@@ -1,4 +1,10 @@
-"""Optional Triton kernels, each next to a torch reference (tree attention, fused acceptance).
+"""Optional kernels, each next to its torch reference: Triton for GPUs here (tree attention, fused acceptance),
+labkit's C++ for CPUs in kernels/cpu/ (packed bf16, int8 and int4 linears, attention, pointwise).
+
+One convention for every kernel: `op` and `op_ref` side by side, `available()` -> (bool, why) for the family,
+and a test that ties each op to its reference (tests/test_kernels.py, tests/test_cpu_kernels.py). Dispatch is
+in one place per family: here for the Triton ops, in labkit.models.backends for the CPU ones (the forward
+path a model runs on).
 
 labkit imports and works without Triton. The functions below pick the Triton kernel when
 Triton is installed and the inputs live on a CUDA device, and the torch reference otherwise.
@@ -17,6 +23,15 @@ from .acceptance import sample_next
 from .tree_attention import ancestor_mask, random_tree, tree_mask
 
 HAVE_TRITON = _tree.triton is not None
+
+
+def available() -> tuple[bool, str]:
+    """(True, the GPU) when the Triton kernels run here, else (False, why not): the references run instead."""
+    if not HAVE_TRITON:
+        return False, "Triton is not installed (pip install triton, on a machine with a CUDA GPU)"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device: the Triton kernels run on GPUs (TRITON_INTERPRET=1 runs them on a CPU, slowly)"
+    return True, torch.cuda.get_device_name()
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -44,5 +59,5 @@ def sampled_accept(draft_tokens, q_draft, p_target, uniforms) -> Acceptance:
     return fn(draft_tokens, q_draft, p_target, uniforms)
 
 
-__all__ = ["HAVE_TRITON", "use_triton", "attend_tree", "greedy_accept", "sampled_accept", "sample_next",
+__all__ = ["HAVE_TRITON", "available", "use_triton", "attend_tree", "greedy_accept", "sampled_accept", "sample_next",
            "ancestor_mask", "tree_mask", "random_tree"]
