@@ -59,6 +59,7 @@ def test_the_static_decoder_steps_like_any_decoder_and_stops_at_eos():
     while not dec.done:
         dec.step()
     assert dec.tokens[len(prompt):] == ref and dec.trace.stop_reason == "max_new_tokens"
+    assert dec.trace.total_time >= dec.trace.prefill_time + dec.trace.verify_time > 0, "stepping keeps the clock"
     stop = ref[5]
     early = StaticDecoder(model, max_len=40).generate(prompt, 12, eos_token_ids=(stop,))
     assert early.tokens == ref[:ref.index(stop) + 1] and early.trace.stop_reason == "eos"

@@ -75,13 +75,12 @@ class VerifyCurve:
     {tokens: ratio} (linear between its points, the last segment's slope beyond them), or flat (None: 1)."""
 
     def __init__(self, curve: dict[int, float] | None = None):
-        self.tokens = self.ratios = self.max_tokens = None
+        self.tokens = self.ratios = None
         if curve:
             points = sorted((int(t), float(r)) for t, r in curve.items())
             if len(points) < 2 or points[0][0] < 1 or any(r <= 0 for _, r in points):
                 raise ValueError(f"verify_curve needs >= 2 points {{tokens >= 1: t(tokens)/t(1) > 0}}, got {curve!r}")
             self.tokens, self.ratios = [t for t, _ in points], [r for _, r in points]
-            self.max_tokens = self.tokens[-1]
 
     @property
     def flat(self) -> bool:

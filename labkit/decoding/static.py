@@ -192,7 +192,7 @@ class StaticDecoder(Decoder):
         self._t0 = time.perf_counter()
         token = int(self.prefill(self.prompt).argmax())
         self._sync()
-        self.trace.prefill_time = time.perf_counter() - self._t0
+        self.trace.prefill_time = self.trace.total_time = time.perf_counter() - self._t0
         self._record(Step([], 0, token, True, 0.0, 0.0), self._commit([token]))
         return self
 
@@ -201,7 +201,7 @@ class StaticDecoder(Decoder):
         """One decode step: the last committed token in, the next one out (.item(): one host sync a token)."""
         t1 = time.perf_counter()
         token = int(self.decode_one(self.tokens[-1]).argmax())
-        return self._record(Step([], 0, token, True, 0.0, time.perf_counter() - t1), self._commit([token]))
+        return self._record(Step([], 0, token, True, 0.0, time.perf_counter() - t1), self._commit([token]), t1)
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
                  eos_token_ids: tuple[int, ...] = ()) -> Generation:
