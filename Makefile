@@ -3,6 +3,7 @@
 #   make venv       .venv with torch (CPU, installed first), requirements.txt and labkit (editable)
 #   make models     download, verify and convert the embedded model pair once (~/.cache/labkit)
 #   make lab        JupyterLab on notebooks/00_tour.ipynb, notebooks trusted first (LAB_PORT=8888, LAB_IP=127.0.0.1, LAB_REMOTE=1)
+#   make book       the notebooks with their stored outputs as a static site: build/book/index.html, offline
 #   make test       unit + integration tests and every notebook under strict nbval
 #   make test-fast  unit tier only: tiny random models, no download
 #   make bench      python -m labkit bench: every method on data/questions/, the embedded pair
@@ -26,10 +27,10 @@ export LAB_PORT LAB_IP LAB_REMOTE
 PYTEST_NOTEBOOKS := tests notebooks --nbval --nbval-current-env --nbval-cell-timeout=900 --durations=25 \
                     --nbval-sanitize-with notebooks/sanitize.cfg
 
-.PHONY: help venv models lab test test-fast bench chromium gpu-check
+.PHONY: help venv models lab book test test-fast bench chromium gpu-check
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
 
 venv: $(VENV_STAMP)
 
@@ -49,6 +50,10 @@ models: venv
 # python -m labkit lab trusts notebooks/*.ipynb first (as `jupyter trust`): their saved widgets are drawn, not text
 lab: venv models
 	@exec $(PY) -m labkit lab
+
+# the notebooks with their stored outputs as a static site: open build/book/index.html (no kernel, no network)
+book: venv
+	$(PY) -m labkit book
 
 test: venv models chromium
 	LABKIT_INTEGRATION=1 $(PY) -m pytest $(PYTEST_NOTEBOOKS)

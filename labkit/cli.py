@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("names", nargs="*")
     add_bench_parser(sub)
     add_verify_cost_parser(sub)
+    bk = sub.add_parser("book", help="the notebooks with their stored outputs as a static site (what `make book` "
+                                     "runs): open build/book/index.html, no kernel, no network")
+    bk.add_argument("--out", default=None, help="the folder to write (default: build/book in the checkout)")
     lab = sub.add_parser("lab", help="JupyterLab on the notebooks (what `make lab` runs)")
     lab.add_argument("--ip", default=None, help="the address to serve on (default: LAB_IP, else 127.0.0.1)")
     lab.add_argument("--port", type=int, default=None, help="default: LAB_PORT, else 8888")
@@ -447,6 +450,17 @@ def cmd_verify_cost(a) -> int:
     return 0
 
 
+def cmd_book(a) -> int:
+    from pathlib import Path
+
+    from .book import build_book
+    root = Path(__file__).resolve().parent.parent
+    pages = build_book(root, Path(a.out) if a.out else None)
+    print(f"{len(pages) - 2} chapters and a glossary in {pages[0].parent}: open {pages[0]} (or python -m http.server "
+          f"-d {pages[0].parent})")
+    return 0
+
+
 def cmd_lab(a) -> int:
     from pathlib import Path
 
@@ -466,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "models": cmd_models, "methods": cmd_methods, "fetch": cmd_fetch,
-                "bench": cmd_bench, "verify-cost": cmd_verify_cost, "lab": cmd_lab, "train": cmd_train,
+                "bench": cmd_bench, "verify-cost": cmd_verify_cost, "lab": cmd_lab, "book": cmd_book, "train": cmd_train,
                 "measure": cmd_measure}[a.command](a)
     except (ValueError, ModelFetchError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,7 +14,8 @@ server's own clean stop (kernels shut down) and then removes the server's runtim
 
 The shipped notebooks are trusted first (what `jupyter trust notebooks/*.ipynb` does): JupyterLab draws
 the saved ipywidgets (the stepper of 02, the sliders of 03 and 06) only in a trusted notebook, and shows
-an untrusted one's as text (`VBox(children=(HBox(...`) until its cells run.
+an untrusted one's as text (`VBox(children=(HBox(...`) until its cells run; it runs the script of a
+recorded run (labkit.viz.replay, in 02 and 06) only in a trusted notebook too.
 """
 from __future__ import annotations
 

@@ -122,6 +122,26 @@ def stepper_head(page, text: str = ""):
     return page.locator(".jp-OutputArea-output .widget-output .lk-step-head", has_text=text or None).last
 
 
+def play_replay(replay) -> None:
+    """Play a recorded run (labkit.viz.replay): step it forward when it has steps, move its parameter (γ, a tree
+    budget) to the first recorded value; each must change what it shows."""
+    label, view = replay.locator(".lk-replay-label"), replay.locator(".lk-replay-view")
+    replay.scroll_into_view_if_needed()
+    first = re.fullmatch(r"(.+) = (\S+), step 1 of (\d+)", label.inner_text())
+    assert first, f"the replay did not start at its first step: {label.inner_text()!r}"
+    name, value, n_steps = first.group(1), first.group(2), int(first.group(3))
+    shown = view.inner_html()
+    if n_steps > 1:
+        replay.locator(".lk-replay-next").click()
+        assert label.inner_text() == f"{name} = {value}, step 2 of {n_steps}", label.inner_text()
+        assert view.inner_html() != shown, "step ▶ did not change the view"
+        shown = view.inner_html()
+    replay.locator(".lk-replay-key").evaluate("e => { e.value = 0; e.dispatchEvent(new Event('input')); }")
+    moved = re.fullmatch(rf"{re.escape(name)} = (\S+), step 1 of \d+", label.inner_text())
+    assert moved and moved.group(1) != value, f"moving {name} did not change the run: {label.inner_text()!r}"
+    assert view.inner_html() != shown, f"moving {name} did not change the view"
+
+
 def server_state(url: str, token: str, log: Path) -> str:
     """What the server knew when the test failed: its kernels and the end of its log (for CI's output)."""
     try:
@@ -224,6 +244,8 @@ def test_saved_widgets_are_drawn_before_anything_runs(sync_playwright, lab):
                     assert plots.nth(i).evaluate("img => img.complete && img.naturalWidth > 100"), \
                         f"{notebook}: the saved plot {i + 1} inside the widget did not load"
                 cell.locator(".jp-Cell-outputWrapper").screenshot(path=str(ARTIFACTS / f"{name}_before_run.png"))
+                for replay in notebook_view.locator(".lk-replay").all():    # a recorded run plays with no kernel
+                    play_replay(replay)
                 stop_sessions(url, token)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / f"{name}_before_run_failure.png"))
@@ -298,3 +320,50 @@ def test_stepper_notebook_runs_in_jupyterlab_and_chromium(sync_playwright, lab):
         finally:
             browser.close()
     assert hashlib.sha256((ROOT / NOTEBOOK).read_bytes()).hexdigest() == before, "the browser run changed the notebook"
+
+
+def test_the_book_reads_offline_and_its_recorded_run_plays(sync_playwright, tmp_path):
+    """`make book` as a reader without a kernel or a network opens it: every page and figure loads from the folder,
+    the mathematics is typeset, 02's recorded run steps and changes γ, and 06's changes the tree budget."""
+    from labkit.book import build_book
+    pages = build_book(ROOT, tmp_path / "book")
+    chapters = [f"{p.stem}.html" for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
+    assert [p.name for p in pages[1:]] == chapters + ["glossary.html"]
+    ARTIFACTS.mkdir(exist_ok=True)
+    remote = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1300, "height": 1200})
+
+        def offline(route):                     # the book reads its own folder; anything else is an error
+            if route.request.url.startswith("file://"):
+                return route.continue_()
+            remote.append(route.request.url)
+            return route.abort()
+        page.route("**/*", offline)
+        try:
+            page.goto(pages[0].as_uri())
+            links = page.locator("a").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+            assert links == [p.name for p in pages[1:]], links
+            for p in pages[1:]:
+                page.goto(p.as_uri(), wait_until="load")
+                figures = page.locator(".jp-OutputArea-output img")
+                for i in range(figures.count()):
+                    assert figures.nth(i).evaluate("img => img.complete && img.naturalWidth > 50"), \
+                        f"{p.name}: figure {i + 1} did not load"
+                if p.stem.startswith("00") or p.stem == "glossary":      # MathJax, from the folder, typesets
+                    page.wait_for_function("() => document.querySelectorAll('.MathJax, .MathJax_CHTML, "
+                                           "mjx-container').length > 0", timeout=30_000)
+            for chapter in ("02", "06"):        # the stepper's run (steps, γ) and the tree budgets (06)
+                page.goto(next(p for p in pages if p.stem.startswith(chapter)).as_uri(), wait_until="load")
+                replays = page.locator(".lk-replay").all()
+                assert replays, f"{chapter}: no recorded run in the page"
+                for replay in replays:
+                    play_replay(replay)
+                replays[0].screenshot(path=str(ARTIFACTS / f"book_replay_{chapter}.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "book_failure.png"))
+            raise
+        finally:
+            browser.close()
+    assert not remote, f"the book asked the network for {remote[:5]}"

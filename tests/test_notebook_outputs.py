@@ -7,17 +7,22 @@ stored number. These checks read the stored outputs themselves:
 - every notebook opens with the machine it ran on (labkit.viz.machine: CPU, ISA, forward path and
   precision, t(8)/t(1), bandwidth, load), measured on a quiet machine;
 - every speedup shown with labkit.viz.machine.speed_table is within its tokens per forward;
-- saved widgets carry their state, so JupyterLab draws them before the kernel runs.
+- saved widgets carry their state, so JupyterLab draws them before the kernel runs;
+- no progress bar is stored (a frozen "0%" bar tells a reader nothing; long work shows one while it runs);
+- every import in the notebooks' code resolves (a renamed library name breaks no notebook unseen:
+  running them takes an hour, reading their imports a second).
 """
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from labkit.viz.machine import SLACK, SpeedCheck
+from labkit.viz.machine import SLACK, MachineFacts, SpeedCheck
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -114,6 +119,14 @@ def test_every_stored_speedup_within_tokens_per_forward(nb):
                                       f"{check.tokens_per_forward:.2f} tokens per forward (> x{SLACK})")
 
 
+PROGRESS_BAR = re.compile(r"\d+%\|[^|]*\|\s*\d+/\d+|it/s\]|s/it\]")
+
+
+def test_no_progress_bar_stored(nb):
+    bars = [i for i, out in outputs(nb) if PROGRESS_BAR.search(text_of(out))]
+    assert not bars, f"cells {bars} store a progress bar: pass progress=False (or tqdm(disable=True)) in the notebook"
+
+
 def test_widgets_carry_their_state(nb):
     views = [out["data"][WIDGET_VIEW]["model_id"] for _, out in outputs(nb) if WIDGET_VIEW in out.get("data", {})]
     if not views:
@@ -129,3 +142,31 @@ def test_speed_check():
     assert not SpeedCheck("x", 2.70, 2.35).consistent       # a verify pass cannot cost less than a plain step...
     assert SpeedCheck("x", 1.17, 1.05, verify_floor=0.9).consistent       # ...unless 8 tokens cost less than 1 here
     assert not SpeedCheck("x", 1.30, 1.05, verify_floor=0.9).consistent
+
+
+def test_every_import_resolves(nb):
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        code = "\n".join(line for line in "".join(cell["source"]).splitlines()
+                         if not line.lstrip().startswith(("%", "!")))          # IPython magics and shell lines
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    importlib.import_module(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                module = importlib.import_module(node.module)
+                missing = [a.name for a in node.names if not hasattr(module, a.name)
+                           and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
+                assert not missing, f"cell {i}: {node.module} has no {missing}"
+
+
+def test_machine_story_follows_its_numbers():
+    def story(t8_ms: float, noise: float) -> str:
+        return MachineFacts(cpu="x", isa="avx2", threads=2, torch="2", load=[0.0] * 3, others_cpu=0.0, model="m",
+                            path="reference", precision="bf16", t1_ms=10.0, t8_ms=t8_ms, weight_gb=1.0,
+                            noise=noise).story()
+    assert "less than one" in story(7.8, 0.05) and "slower for one row" in story(7.8, 0.05)
+    assert "within the timing noise" in story(9.8, 0.05) and "nearly free" in story(9.8, 0.05)
+    assert "noise" not in story(11.0, 0.02) and "nearly free" in story(11.0, 0.02)
+    assert "not free" in story(30.0, 0.02) and "at most 2.7x" in story(30.0, 0.02)

@@ -81,3 +81,23 @@ def test_plot_cache_rollback_and_routes():
     plot_distributions(p, q, [0, 1, 2], ["a", "b", "c"], a3)
     assert [round(b.get_height(), 6) for b in a3.patches] == [0.6, 0.3, 0.1, 0.2, 0.6, 0.2]
     plt.close(fig)
+
+
+def test_pieces_can_keep_a_wide_drafts_answer_readable():
+    from conftest import chatml_tokenizer
+
+    from labkit.viz.render import pieces
+    tok = chatml_tokenizer()
+    ids = tok("abcdef", add_special_tokens=False)["input_ids"]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    # a tree step: root -> a (accepted) -> b (rejected, best-ranked child) -> <|im_end|> -> c; target then says "d"
+    step = Step([ids[0], ids[1], end, ids[2]], 1, ids[3], False, 0.0, 0.0, parents=[-1, 0, 1, 2], path=[0])
+    trace = Trace("test", 3, [step], n_generated=2)
+    kinds = lambda ps: [(p.kind, p.text) for p in ps]                          # noqa: E731
+    assert kinds(pieces(trace, ids[4:], tok)) == [("accepted", "a"), ("rejected", "b"), ("rejected", "<|im_end|>"),
+                                                  ("rejected", "c"), ("correction", "d")]
+    assert kinds(pieces(trace, ids[4:], tok, hide_control=True)) == [("accepted", "a"), ("rejected", "b"),
+                                                                     ("correction", "d")]
+    assert kinds(pieces(trace, ids[4:], tok, max_rejected=0)) == [("accepted", "a"), ("correction", "d")]
+    with pytest.raises(ValueError, match="max_rejected must be >= 0"):
+        pieces(trace, ids[4:], tok, max_rejected=-1)

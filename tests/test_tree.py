@@ -261,3 +261,21 @@ def test_tree_layout_puts_parents_over_their_children():
         kids = tree.children(i)
         if kids.numel():
             assert float(x[i]) == pytest.approx(float(x[kids].mean()))
+
+
+def test_tree_labels_are_short_and_level():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.viz.tree_plots import draw_tree, tree_label
+    assert tree_label("␣␣␣␣") == "␣×4" and tree_label("↵↵def") == "↵×2d…" and tree_label("␣4") == "␣4"
+    assert tree_label("return") == "retu…" and tree_label("ret") == "ret"
+    tree = Tree(random_parents(15, 3))
+    fig, ax = plt.subplots()
+    draw_tree(ax, tree, [tree_label("␣" * (i % 5 + 1) + "x") for i in range(15)], path=[0])
+    labels = [t for t in ax.texts if t.get_text() not in ("root",)]
+    assert all(t.get_rotation() == 0 for t in labels)                                  # level, never slanted
+    assert any("␣ space" in t.get_text() and "␣×4" in t.get_text() for t in labels)   # the glyphs' legend, once
+    assert sum("space" in t.get_text() for t in labels) == 1
+    plt.close(fig)

@@ -111,3 +111,53 @@ def test_stepper_buttons_and_gamma_slider(tiny_target, tiny_draft):
     assert stepper.next_step() is None and len(stepper.views) == n   # a finished decode stays put
     with pytest.raises(ValueError, match="gamma"):
         Stepper(make, tiny_tokenizer(), gamma=0)
+
+
+def test_a_replay_holds_every_recorded_step_and_plays_without_a_kernel(tiny_target, tiny_draft):
+    import json
+    import re
+
+    from labkit.viz.replay import Replay, record_stepper, record_steps, replay_html
+    tok = tiny_tokenizer()
+
+    def make(gamma):
+        return SpeculativeDecoder(tiny_target, DraftModelDrafter(tiny_draft), PROMPT, max_new_tokens=20, gamma=gamma)
+    frames = record_stepper(make, tok, gammas=(1, 4), progress=False)
+    for g, fs in frames.items():                                     # one frame per step of a full decode
+        dec = make(g)
+        while not dec.done:
+            take_step(dec)
+        assert len(fs) == len(dec.trace.steps)
+        assert f"step {len(fs)}:" in fs[-1] and "done" in fs[-1] and "the answer so far" in fs[0]
+    html = replay_html(frames, start=4, element_id="lk-replay-test")
+    data = json.loads(re.search(r'<script type="application/json" id="lk-replay-test-data">(.*?)</script>',
+                                html, re.S).group(1))
+    assert data["keys"] == ["1", "4"] and data["start"] == 1 and data["frames"] == [frames[1], frames[4]]
+    view = re.search(r'<div class="lk-replay-view"[^>]*>(.*?)</div></div>\n<script', html, re.S).group(1)
+    assert view == frames[4][0]                                      # drawn before any script runs
+    assert "http" not in html.split('<script type="application/json"')[0].split("lk-replay-view")[0]
+    with pytest.raises(ValueError, match="start must be one of"):
+        Replay(frames, start=3)
+    with pytest.raises(ValueError, match="gammas"):
+        record_stepper(make, tok, gammas=(0,))
+    with pytest.raises(ValueError, match="max_steps"):
+        record_steps(make(2), tok, max_steps=0)
+
+
+def test_a_figure_is_a_frame_and_is_not_shown_twice():
+    import base64
+    import re
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.viz.replay import Replay, figure_frame
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    frame = figure_frame(fig)
+    assert not plt.fignum_exists(fig.number), "the figure must be closed once it is a frame"
+    png = base64.b64decode(re.search(r'base64,([^"]+)"', frame).group(1))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    html = Replay({4: [frame], 8: [frame]}, name="budget", start=8)._repr_html_()
+    assert "budget = 8, step 1 of 1" in html

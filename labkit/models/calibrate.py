@@ -314,6 +314,13 @@ def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
     (round robin), so a burst of load from another process on a shared machine slows one round of
     every T rather than all runs of one T; the first round warms up and is dropped.
     """
+    runs = time_forward_runs(model, context, tokens, repeats, clock, progress)
+    return {T: min(r) for T, r in runs.items()}     # the least disturbed run: the machine may be shared
+
+
+def time_forward_runs(model, context: int, tokens: tuple[int, ...], repeats: int,
+                      clock=time.perf_counter, progress: bool = True) -> dict[int, list[float]]:
+    """Every timed run of `time_forwards` ({T: `repeats` seconds}, warm-up dropped): their spread is the noise."""
     device = model.device
     cache = model.new_cache(max_len=context + max(tokens))
     g = torch.Generator().manual_seed(0)
@@ -331,4 +338,4 @@ def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
                 runs[T].append(clock() - t0)
                 cache.truncate(context)
                 bar.update()
-    return {T: min(r[1:]) for T, r in runs.items()}     # the least disturbed run: the machine may be shared
+    return {T: r[1:] for T, r in runs.items()}

@@ -124,7 +124,7 @@ def plot(curves: dict[str, list[dict]], sources: list[str], goal: float | None =
                 ax.plot([min(xs), x_end], [a + b * math.log10(min(xs)), a + b * math.log10(x_end)], ":",
                         color=line.get_color(), alpha=0.7)
         if goal:
-            ax.axhline(goal, color="grey", lw=0.8, ls="--")
+            ax.axhline(goal, color="grey", lw=0.8, ls="--", label=f"{goal:g} tokens per forward: a goal")
         ax.set_xscale("log")
         ax.set_title(f"held-out {'code' if src == 'stdlib' else 'chat' if src == 'sharegpt' else src} conversations")
         ax.set_xlabel("training tokens seen (log scale)")

@@ -244,7 +244,7 @@ def draw(axes, alpha: float, gamma: int, c: float, curve: dict[int, float], shar
     ks = np.array(sorted(curve))
     ax_cost.plot(ks, [curve[k] for k in ks], "o-", ms=3, color=COLOURS["machine"], label="this machine")
     ax_cost.axhline(1, ls="--", color=COLOURS["ideal"], lw=2, label="assumed flat: 1")
-    ax_cost.axvline(gamma + 1, ls=":", color="grey", lw=1)
+    ax_cost.axvline(gamma + 1, ls=":", color="grey", lw=1, label="k = γ + 1")
     ax_cost.set_xlabel("tokens in one forward k")
     ax_cost.set_ylabel("t(k) / t(1)")
     ax_cost.set_title("verify cost", fontsize="medium")
@@ -256,27 +256,34 @@ def draw(axes, alpha: float, gamma: int, c: float, curve: dict[int, float], shar
     machine = [chain_speedup(alpha, g, c, here) for g in grid]
     ax_chain.plot(grid, ideal, "--", color=COLOURS["ideal"], lw=2, label="Leviathan, flat verify")
     ax_chain.plot(grid, machine, "-", color=COLOURS["machine"], lw=2, label="with this machine's t(γ+1)/t(1)")
-    ax_chain.plot([gamma], [chain_speedup(alpha, gamma, c, here)], "o", color=COLOURS["machine"], ms=9, mfc="none")
-    for p in points:
+    ax_chain.plot([gamma], [chain_speedup(alpha, gamma, c, here)], "o", color=COLOURS["machine"], ms=9, mfc="none",
+                  label="the slider's γ")
+    adaptive_markers = iter("s^vPD*")
+    for k, p in enumerate(sorted(points, key=lambda p: p.gamma)):
         colour = COLOURS["bench" if p.source == "bench" else "run" if p.fixed else "adaptive"]
-        ax_chain.plot([p.gamma], [p.speedup], "D" if p.source == "bench" else "o" if p.fixed else "s", color=colour)
-        ax_chain.annotate(f"{p.label.removeprefix('fixed ')}, α={p.alpha:.2f}", (p.gamma, p.speedup),
-                          textcoords="offset points", xytext=(5, 3) if p.fixed else (5, -9), fontsize="x-small",
-                          color=colour)
+        if not p.fixed:                     # named in the legend, with its α: no label to collide with the others
+            ax_chain.plot([p.gamma], [p.speedup], next(adaptive_markers), color=colour, ls="",
+                          label=f"{p.label} (mean γ), α={p.alpha:.2f}")
+            continue
+        ax_chain.plot([p.gamma], [p.speedup], "D" if p.source == "bench" else "o", color=colour)
+        name = f"{p.label.removeprefix('fixed ')}, " if p.source == "bench" else ""      # γ is on the axis
+        above = k % 2 == 0                  # neighbours alternate above and below their marker
+        ax_chain.annotate(f"{name}α={p.alpha:.2f}", (p.gamma, p.speedup), textcoords="offset points",
+                          xytext=(0, 8 if above else -8), ha="center", va="bottom" if above else "top", fontsize=10,
+                          color=colour, bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
         if p.fixed and p.source == "run":       # the formula at this run's own α, on this machine
             ax_chain.plot([p.gamma], [chain_speedup(p.alpha, int(round(p.gamma)), c, here)], "x", color=colour)
-    ax_chain.axhline(1, ls=":", color="grey", lw=1)
+    ax_chain.axhline(1, ls=":", color="grey", lw=1, label="1: plain decoding's speed")
     ax_chain.set_xlabel("γ (draft tokens per step)")
     ax_chain.set_ylabel("speedup over plain decoding")
     ax_chain.set_title(f"chains: α = {alpha:.2f}, c = {c:.2f}", fontsize="medium")
     ax_chain.xaxis.set_major_locator(MaxNLocator(integer=True))
-    handles = ax_chain.get_legend_handles_labels()[0][:2]
-    if points:
+    handles = ax_chain.get_legend_handles_labels()[0]
+    if any(p.fixed for p in points):
         from matplotlib.lines import Line2D
-        handles += [Line2D([], [], ls="", marker="o", color=COLOURS["run"], label="measured, fixed γ"),
-                    Line2D([], [], ls="", marker="x", color=COLOURS["run"], label="formula at that run's α"),
-                    Line2D([], [], ls="", marker="s", color=COLOURS["adaptive"], label="measured, adaptive (mean γ)")]
-    ax_chain.legend(handles=handles, fontsize="x-small", frameon=False)
+        handles[3:3] = [Line2D([], [], ls="", marker="o", color=COLOURS["run"], label="measured, fixed γ"),
+                        Line2D([], [], ls="", marker="x", color=COLOURS["run"], label="formula at that run's α")]
+    ax_chain.legend(handles=handles, fontsize=9, frameon=False)
     # 3. trees
     trees = tree_speedups(rank_probabilities(alpha, shares), c, here, max_nodes)
     chain_n = [chain_speedup(alpha, int(n), c, here) for n in trees.nodes]
@@ -284,12 +291,12 @@ def draw(axes, alpha: float, gamma: int, c: float, curve: dict[int, float], shar
     ax_tree.plot(trees.nodes, trees.speedup, "-", color=COLOURS["tree"], lw=2, label="best tree of n nodes")
     ax_tree.plot(trees.nodes, [t / (d * c + 1) for t, d in zip(trees.tokens, trees.depth)], "--",
                  color=COLOURS["ideal"], lw=1.5, label="best tree, flat verify")
-    ax_tree.axhline(1, ls=":", color="grey", lw=1)
+    ax_tree.axhline(1, ls=":", color="grey", lw=1, label="1: plain decoding's speed")
     ax_tree.set_xlabel("draft nodes verified per step n")
     ax_tree.set_ylabel("expected speedup")
     ax_tree.set_title("trees, this machine's verify cost", fontsize="medium")
     ax_tree.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_tree.legend(fontsize="x-small", frameon=False)
+    ax_tree.legend(fontsize=9, frameon=False)
     best_n = int(trees.nodes[int(np.argmax(trees.speedup))])
     best_g = best_gamma(alpha, c, here, max_gamma)
     return {"ideal": chain_speedup(alpha, gamma, c), "machine": chain_speedup(alpha, gamma, c, here),

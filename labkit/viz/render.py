@@ -25,8 +25,18 @@ class Piece:
     step: int      # index of the target forward that decided it
 
 
-def pieces(trace: Trace, prompt_ids: list[int], tokenizer) -> list[Piece]:
-    """Every proposed and committed token of a run, in order, labelled by what the target did with it."""
+def pieces(trace: Trace, prompt_ids: list[int], tokenizer, max_rejected: int | None = None,
+           hide_control: bool = False) -> list[Piece]:
+    """Every proposed and committed token of a run, in order, labelled by what the target did with it.
+
+    A wide draft (a tree, a lookahead window) rejects many guesses a step; to keep the answer
+    readable, `max_rejected` shows at most that many of each step's rejected guesses (the first:
+    what the target turned down at the first mismatch), and `hide_control` stops a step's rejected
+    guesses at the first control token (<|im_end|> and the like), which is never text.
+    """
+    if max_rejected is not None and max_rejected < 0:
+        raise ValueError(f"max_rejected must be >= 0 (or None: every rejected guess), got {max_rejected}")
+    control = set(tokenizer.all_special_ids) if hide_control else set()
     out, context = [], list(prompt_ids)
     base = tokenizer.decode(context)
 
@@ -38,6 +48,9 @@ def pieces(trace: Trace, prompt_ids: list[int], tokenizer) -> list[Piece]:
         for j in range(len(kept)):
             out.append(Piece(text_of(kept[: j + 1])[len(text_of(kept[:j])):], "accepted", i))
         rejected = s.rejected_tokens
+        if control:
+            rejected = rejected[:next((j for j, t in enumerate(rejected) if t in control), len(rejected))]
+        rejected = rejected[:max_rejected]
         for j in range(len(rejected)):
             prev = text_of(kept + rejected[:j])
             out.append(Piece(text_of(kept + rejected[: j + 1])[len(prev):], "rejected", i))

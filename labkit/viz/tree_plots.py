@@ -1,11 +1,15 @@
 """Pictures of a token tree: the tree itself with its accepted path, and its attention mask."""
 from __future__ import annotations
 
+import re
+
 import torch
 from matplotlib.ticker import MaxNLocator
 
 from ..core.tree import Tree
 from .plots import COLOURS
+
+WHITESPACE = (("␣", "space"), ("↵", "newline"), ("→", "tab"))        # the glyphs of widgets.token_text
 
 
 def tree_layout(tree: Tree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,8 +37,17 @@ def _depth_first(tree: Tree) -> list[int]:
     return out
 
 
+def tree_label(text: str, width: int = 5) -> str:
+    """A node's label: a run of a whitespace glyph (␣ ↵ →, see widgets.token_text) as the glyph and a count (␣×4), at
+    most `width` characters (a cut label ends in …), so labels stay short enough to sit level under their nodes."""
+    if width < 2:
+        raise ValueError(f"width must be >= 2 (a character and the …), got {width}")
+    text = re.sub(r"([␣↵→])\1+", lambda m: f"{m.group(1)}×{len(m.group())}", text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def draw_tree(ax, tree: Tree, labels: list[str], path: list[int] | None = None, title: str = ""):
-    """The tree root at the top; nodes on the accepted `path` green, the others grey."""
+    """The tree root at the top; nodes on the accepted `path` green, the others grey; labels level, under each node."""
     x, y = tree_layout(tree)
     on_path = set(path or [])
     root_x = float(x[tree.children(-1)].mean()) if tree.n_nodes else 0.0
@@ -46,9 +59,14 @@ def draw_tree(ax, tree: Tree, labels: list[str], path: list[int] | None = None, 
     for i in range(tree.n_nodes):
         colour = COLOURS["accepted"] if i in on_path else COLOURS["kept"]
         ax.scatter([float(x[i])], [float(y[i])], s=40, color=colour, zorder=2)
-        ax.annotate(labels[i], (float(x[i]), float(y[i])), textcoords="offset points", xytext=(0, -11),
-                    ha="center", va="top", fontsize=10 if tree.n_nodes <= 12 else 9,
-                    rotation=60 if tree.n_nodes > 12 else 0)
+        ax.annotate(labels[i], (float(x[i]), float(y[i])), textcoords="offset points", xytext=(0, -8),
+                    ha="center", va="top", fontsize=10 if tree.n_nodes <= 12 else 9, zorder=3,
+                    bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.85))   # over the edges
+    used = [f"{g} {name}" for g, name in WHITESPACE if any(g in label for label in labels)]
+    if used:                                                # the legend of the glyphs, once, under the tree
+        counted = any(re.search(r"[␣↵→]×", label) for label in labels)
+        ax.text(0.0, -0.02, ", ".join(used) + ("; ␣×4: four spaces" if counted else ""),
+                transform=ax.transAxes, va="top", fontsize=9, color="#555")
     ax.invert_yaxis()
     ax.margins(y=0.25)                                      # room for the labels under the deepest nodes
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))

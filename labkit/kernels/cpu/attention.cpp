@@ -7,7 +7,7 @@
 // are skipped; softmax is in fp32. A row's result depends only on its own query, the slots it may
 // see and their keys and values, never on the other queries of the call: a verify of k tokens gives
 // each token the bits a one-token step gives it (batch invariance; tests/test_cpu_kernels.py).
-#include <torch/extension.h>
+#include <ATen/ATen.h>  // not torch/extension.h (the C++ frontend, pybind11): module.cpp alone needs it
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <limits>
@@ -21,8 +21,8 @@ template <> inline vf load_row<float>(const float* p) { return vload(p); }
 template <> inline vf load_row<at::BFloat16>(const at::BFloat16* p) { return vload_bf16((const uint16_t*)p); }
 
 template <typename T, int D>
-static void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                   const uint8_t* mask, int64_t mask_b_stride, double scale, torch::Tensor& out) {
+static void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const uint8_t* mask, int64_t mask_b_stride, double scale, at::Tensor& out) {
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Hkv = k.size(1), S = k.size(2), G = H / Hkv;
   constexpr int NVEC = D / VL;
   const T* qp = q.data_ptr<T>(); const T* kp = k.data_ptr<T>(); const T* vp = v.data_ptr<T>();
@@ -94,7 +94,7 @@ static void attend(const torch::Tensor& q, const torch::Tensor& k, const torch::
 
 // q (B, H, T, D), k and v (B, Hkv, S, D) with unit stride in D (cache views are fine), mask bool
 // (T, S) or (B|1, 1, T, S) or none (every slot visible) -> (B, H, T, D) in q's dtype.
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
+at::Tensor decode_attention(at::Tensor q, at::Tensor k, at::Tensor v, c10::optional<at::Tensor> mask,
                                double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "decode_attention: q, k, v must be 4-D");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
@@ -103,7 +103,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
   TORCH_CHECK(k.size(0) == B && v.sizes() == k.sizes() && k.size(3) == D, "decode_attention: k/v shapes do not fit q");
   TORCH_CHECK(H % Hkv == 0 && H / Hkv <= 64, "decode_attention: need H a multiple of Hkv and at most 64 heads per group");
-  torch::Tensor m;
+  at::Tensor m;
   int64_t mask_b_stride = 0;
   if (mask.has_value() && mask->defined()) {
     m = mask->to(at::kByte);
@@ -115,7 +115,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
     m = m.contiguous();
     mask_b_stride = m.size(0) == 1 ? 0 : T * S;
   }
-  auto out = torch::empty({B, T, H, D}, q.options());
+  auto out = at::empty({B, T, H, D}, q.options());
   const uint8_t* mp = m.defined() ? m.data_ptr<uint8_t>() : nullptr;
 #define CASE(DD) \
   if (D == DD) { \

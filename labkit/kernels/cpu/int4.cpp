@@ -26,7 +26,7 @@
 //
 // 256-bit code on every x86 CPU with AVX2 (AVX-512 CPUs run it too); where the CPU has VNNI
 // (vpdpbusd), one instruction replaces vpmaddubsw + the int16 sum + vpmaddwd.
-#include <torch/extension.h>
+#include <ATen/ATen.h>  // not torch/extension.h (the C++ frontend, pybind11): module.cpp alone needs it
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -177,10 +177,10 @@ static void gemm(const int8_t* xq, const float* sx, const float* sxsum, int64_t 
 
 }  // namespace lk4
 
-torch::Tensor fp32_bias(const c10::optional<torch::Tensor>& bias, int64_t N, const char* op);   // linear.cpp
+at::Tensor fp32_bias(const c10::optional<at::Tensor>& bias, int64_t N, const char* op);   // linear.cpp
 
-torch::Tensor int4_linear(torch::Tensor x, torch::Tensor wp, torch::Tensor sp, int64_t N,
-                          c10::optional<torch::Tensor> bias) {
+at::Tensor int4_linear(at::Tensor x, at::Tensor wp, at::Tensor sp, int64_t N,
+                          c10::optional<at::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "int4_linear: x must be a contiguous (M, K) tensor");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "int4_linear: x must be float32 or bfloat16, got ", x.scalar_type());
@@ -190,9 +190,9 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor wp, torch::Tensor sp, i
               "int4_linear: the packed weight does not fit x's K=", K, " and N=", N);
   TORCH_CHECK(sp.scalar_type() == at::kHalf && sp.is_contiguous() && sp.numel() == n_blocks * K / lk4::GROUP * 2 * lk4::NBQ,
               "int4_linear: the packed scales do not fit x's K=", K, " and N=", N);
-  const torch::Tensor bias32 = fp32_bias(bias, N, "int4_linear");
+  const at::Tensor bias32 = fp32_bias(bias, N, "int4_linear");
   const float* b = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const int64_t G = K / lk4::GROUP;
   std::vector<int8_t> xq(M * K);

@@ -19,7 +19,7 @@
 //   F32    fp32 W, fp32 x: FMA
 //   BF16W  bf16 W widened to fp32 in registers, x converted to fp32 once: FMA (CPUs without bf16 dot)
 //   BF16D  bf16 W as k pairs [N/NBW][K/2][NBW][2], bf16 x: AVX512_BF16 dot products (vdpbf16ps)
-#include <torch/extension.h>
+#include <ATen/ATen.h>  // not torch/extension.h (the C++ frontend, pybind11): module.cpp alone needs it
 #include <ATen/Parallel.h>
 #include <sys/mman.h>
 #include <algorithm>
@@ -161,37 +161,37 @@ static void gemm(const void* x, int64_t M, int64_t K, const void* wp, int64_t N,
 // An uninitialised tensor on 2 MB pages where the kernel allows (transparent huge pages, madvise mode):
 // streaming gigabytes of weights through 4 KB pages costs a TLB miss every 4 KB, and the hardware
 // prefetchers stop at each page boundary.
-torch::Tensor empty_on_huge_pages(at::IntArrayRef shape, at::ScalarType dtype) {
+at::Tensor empty_on_huge_pages(at::IntArrayRef shape, at::ScalarType dtype) {
   const int64_t huge = 2 << 20, bytes = c10::multiply_integers(shape) * c10::elementSize(dtype);
-  auto raw = torch::empty({bytes + huge}, torch::dtype(torch::kUInt8));
+  auto raw = at::empty({bytes + huge}, at::TensorOptions().dtype(at::kByte));
   const uintptr_t p = (uintptr_t)raw.data_ptr(), aligned = (p + huge - 1) & ~(uintptr_t)(huge - 1);
   if (bytes >= huge) madvise((void*)aligned, (size_t)((bytes + huge - 1) / huge * huge), MADV_HUGEPAGE);
   return raw.narrow(0, (int64_t)(aligned - p), bytes).view(dtype).view(shape);
 }
 
 // (N, K) weight -> packed blocks; bf16 weights take the dot-product layout where the CPU has it.
-torch::Tensor pack_linear(torch::Tensor w) {
+at::Tensor pack_linear(at::Tensor w) {
   TORCH_CHECK(w.dim() == 2, "pack_linear: weight must be 2-D (N, K), got ", w.sizes());
   TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
               "pack_linear: weight must be float32 or bfloat16, got ", w.scalar_type());
   const int64_t N = w.size(0), K = w.size(1), n_blocks = (N + lk::NBW - 1) / lk::NBW;
-  auto padded = torch::zeros({n_blocks * lk::NBW, K}, w.options());
+  auto padded = at::zeros({n_blocks * lk::NBW, K}, w.options());
   padded.narrow(0, 0, N).copy_(w);
-  torch::Tensor blocks = w.scalar_type() == at::kBFloat16 && lk::HAVE_BF16_DOT && K % 2 == 0
+  at::Tensor blocks = w.scalar_type() == at::kBFloat16 && lk::HAVE_BF16_DOT && K % 2 == 0
       ? padded.view({n_blocks, lk::NBW, K / 2, 2}).permute({0, 2, 1, 3})   // [Nb][K/2][NBW][2]
       : padded.view({n_blocks, lk::NBW, K}).transpose(1, 2);               // [Nb][K][NBW]
   return empty_on_huge_pages(blocks.sizes(), w.scalar_type()).copy_(blocks);
 }
 
 // A linear layer's optional bias as a contiguous fp32 (N) tensor (undefined where there is none), checked.
-torch::Tensor fp32_bias(const c10::optional<torch::Tensor>& bias, int64_t N, const char* op) {
-  if (!bias.has_value() || !bias->defined()) return torch::Tensor();
+at::Tensor fp32_bias(const c10::optional<at::Tensor>& bias, int64_t N, const char* op) {
+  if (!bias.has_value() || !bias->defined()) return at::Tensor();
   auto bias32 = bias->to(at::kFloat).contiguous();
   TORCH_CHECK(bias32.numel() == N, op, ": bias has ", bias32.numel(), " entries, expected ", N);
   return bias32;
 }
 
-torch::Tensor packed_linear(torch::Tensor x, torch::Tensor wp, int64_t N, c10::optional<torch::Tensor> bias) {
+at::Tensor packed_linear(at::Tensor x, at::Tensor wp, int64_t N, c10::optional<at::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "packed_linear: x must be a contiguous (M, K) tensor");
   const int64_t M = x.size(0), K = x.size(1);
   const bool dot = wp.dim() == 4;
@@ -199,9 +199,9 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor wp, int64_t N, c10::o
               "packed_linear: x has K=", K, " but the packed weight does not fit it");
   TORCH_CHECK(x.scalar_type() == wp.scalar_type(), "packed_linear: x is ", x.scalar_type(),
               " but the weight was packed as ", wp.scalar_type());
-  const torch::Tensor bias32 = fp32_bias(bias, N, "packed_linear");
+  const at::Tensor bias32 = fp32_bias(bias, N, "packed_linear");
   const float* b = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const bool out_bf16 = x.scalar_type() == at::kBFloat16;
   if (x.scalar_type() == at::kFloat) {
@@ -216,7 +216,7 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor wp, int64_t N, c10::o
 }
 
 // A copy of `t` on 2 MB pages (for weights packed elsewhere, e.g. pack_int4).
-torch::Tensor on_huge_pages(torch::Tensor t) {
+at::Tensor on_huge_pages(at::Tensor t) {
   return empty_on_huge_pages(t.sizes(), t.scalar_type()).copy_(t);
 }
 

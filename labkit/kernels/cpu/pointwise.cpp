@@ -4,7 +4,7 @@
 // cast, multiply), and at one token per forward those ops' fixed costs, not their arithmetic, add up:
 // about 5 ms of a 50 ms step of the 1.5B model. Each kernel does the same arithmetic as the torch
 // code it replaces, rounding where torch rounds (bf16 after every op), one row at a time.
-#include <torch/extension.h>
+#include <ATen/ATen.h>  // not torch/extension.h (the C++ frontend, pybind11): module.cpp alone needs it
 #include <ATen/Parallel.h>
 #include <cmath>
 #include "vec.h"
@@ -71,35 +71,35 @@ static void silu_mul_rows(const T* gu, T* y, int64_t rows, int64_t F) {
   else if ((t).scalar_type() == at::kBFloat16) { using T = uint16_t; FN; }                      \
   else TORCH_CHECK(false, "labkit cpu kernels: float32 or bfloat16 only, got ", (t).scalar_type());
 
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   const int64_t D = x.size(-1);
   TORCH_CHECK(D % lk::VL == 0, "rms_norm: the last dim (", D, ") must be a multiple of ", lk::VL);
   TORCH_CHECK(weight.numel() == D && weight.scalar_type() == x.scalar_type(), "rms_norm: weight must be (D,) in x's dtype");
   auto xc = x.contiguous(), wc = weight.contiguous();
-  auto y = torch::empty_like(xc);
+  auto y = at::empty_like(xc);
   DISPATCH(x, lk::rms_rows<T>((const T*)xc.data_ptr(), (const T*)wc.data_ptr(), (T*)y.data_ptr(), xc.numel() / D, D, (float)eps))
   return y;
 }
 
-torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin) {
   TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "rope: x must be (B, H, T, hd) with a contiguous last dim");
   const int64_t B = x.size(0), H = x.size(1), Tn = x.size(2), hd = x.size(3);
   TORCH_CHECK(hd % (2 * lk::VL) == 0, "rope: head dim ", hd, " must be a multiple of ", 2 * lk::VL);
   auto c = cos.expand({B, 1, Tn, hd}).contiguous(), s = sin.expand({B, 1, Tn, hd}).contiguous();
   TORCH_CHECK(c.scalar_type() == x.scalar_type() && s.scalar_type() == x.scalar_type(), "rope: cos/sin in x's dtype");
-  auto y = torch::empty({B, H, Tn, hd}, x.options());
+  auto y = at::empty({B, H, Tn, hd}, x.options());
   const int64_t xs[3] = {x.stride(0), x.stride(1), x.stride(2)};
   DISPATCH(x, lk::rope_rows<T>((const T*)x.data_ptr(), xs, (const T*)c.data_ptr(), (const T*)s.data_ptr(), (T*)y.data_ptr(), B, H, Tn, hd))
   return y;
 }
 
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   const int64_t F = gate_up.size(-1) / 2;
   TORCH_CHECK(gate_up.size(-1) % 2 == 0 && F % lk::VL == 0, "silu_mul: the last dim must be 2F with F a multiple of ", lk::VL);
   auto gu = gate_up.contiguous();
   auto sizes = gu.sizes().vec();
   sizes.back() = F;
-  auto y = torch::empty(sizes, gu.options());
+  auto y = at::empty(sizes, gu.options());
   DISPATCH(gu, lk::silu_mul_rows<T>((const T*)gu.data_ptr(), (T*)y.data_ptr(), gu.numel() / (2 * F), F))
   return y;
 }
