@@ -26,8 +26,7 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from ..decoding.speculative import SpeculativeDecoder
-from .render import pieces, to_html
-from .widgets import step_html, take_step
+from .widgets import step_frame, take_step
 
 
 def record_steps(dec: SpeculativeDecoder, tokenizer, max_steps: int = 200) -> list[str]:
@@ -37,10 +36,7 @@ def record_steps(dec: SpeculativeDecoder, tokenizer, max_steps: int = 200) -> li
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
     frames = []
     while not dec.done and len(frames) < max_steps:
-        view = take_step(dec)
-        answer = to_html(pieces(dec.trace, dec.prompt.tolist(), tokenizer))
-        done = f"<p><b>done</b> ({dec.trace.stop_reason})</p>" if dec.done else ""
-        frames.append(step_html(view, tokenizer) + done + "<p><b>the answer so far</b></p>" + answer)
+        frames.append(step_frame(take_step(dec), dec, tokenizer))
     return frames
 
 

@@ -125,6 +125,14 @@ def step_html(view: StepView, tokenizer, context_tokens: int = 12) -> str:
             f"{_html.escape(head)}</div><table>{table}</table></div>")
 
 
+def step_frame(view: StepView, dec: SpeculativeDecoder, tokenizer, when_done: str = "") -> str:
+    """What the stepper shows after a step: `step_html`, "done" once the decode has ended (then `when_done`), and
+    the answer so far in coloured tokens. The recorded runs (replay.record_steps) store the same frames."""
+    done = f"<p><b>done</b> ({dec.trace.stop_reason}){when_done}</p>" if dec.done else ""
+    answer = to_html(pieces(dec.trace, dec.prompt.tolist(), tokenizer))
+    return step_html(view, tokenizer) + done + "<p><b>the answer so far</b></p>" + answer
+
+
 class Stepper:
     """A "next step" button and a γ slider over a speculative decode; moving γ restarts the decode.
 
@@ -165,15 +173,13 @@ class Stepper:
 
         from .plots import plot_cache_rollback, plot_steps
         dec = self.decoder
-        answer = to_html(pieces(dec.trace, dec.prompt.tolist(), self.tokenizer))
-        done = f"<p><b>done</b> ({dec.trace.stop_reason}): move γ to start again</p>" if dec.done else ""
         fig, (ax_steps, ax_cache) = plt.subplots(1, 2, figsize=(10, 2.8))
         plot_steps(dec.trace, ax_steps)
         plot_cache_rollback([v.target_cache for v in self.views], ax_cache)
         fig.tight_layout()
         with self.out:
             clear_output(wait=True)
-            display(HTML(step_html(self.views[-1], self.tokenizer) + done + "<p><b>the answer so far</b></p>" + answer))
+            display(HTML(step_frame(self.views[-1], dec, self.tokenizer, ": move γ to start again")))
             display(fig)
         plt.close(fig)
 
