@@ -123,23 +123,29 @@ def stepper_head(page, text: str = ""):
 
 
 def play_replay(replay) -> None:
-    """Play a recorded run (labkit.viz.replay): step it forward when it has steps, move its parameter (γ, a tree
-    budget) to the first recorded value; each must change what it shows."""
+    """Play a recorded run or a figure grid (labkit.viz.replay): step it forward when it has steps, and move each
+    parameter (γ, a tree budget, temperature, top-k) to another recorded value; each must change what it shows."""
     label, view = replay.locator(".lk-replay-label"), replay.locator(".lk-replay-view")
     replay.scroll_into_view_if_needed()
-    first = re.fullmatch(r"(.+) = (\S+), step 1 of (\d+)", label.inner_text())
-    assert first, f"the replay did not start at its first step: {label.inner_text()!r}"
-    name, value, n_steps = first.group(1), first.group(2), int(first.group(3))
+    first = re.fullmatch(r"(.+? = [^,]+(?:, .+? = [^,]+)*?)(?:, step 1 of (\d+))?", label.inner_text())
+    assert first, f"the replay does not name its setting or did not start at its first step: {label.inner_text()!r}"
+    setting, n_steps = first.group(1), int(first.group(2) or 1)
+    stepped = replay.locator(".lk-replay-next").count() > 0
+    assert stepped == (first.group(2) is not None), f"step controls and label disagree: {label.inner_text()!r}"
     shown = view.inner_html()
     if n_steps > 1:
         replay.locator(".lk-replay-next").click()
-        assert label.inner_text() == f"{name} = {value}, step 2 of {n_steps}", label.inner_text()
+        assert label.inner_text() == f"{setting}, step 2 of {n_steps}", label.inner_text()
         assert view.inner_html() != shown, "step ▶ did not change the view"
         shown = view.inner_html()
-    replay.locator(".lk-replay-key").evaluate("e => { e.value = 0; e.dispatchEvent(new Event('input')); }")
-    moved = re.fullmatch(rf"{re.escape(name)} = (\S+), step 1 of \d+", label.inner_text())
-    assert moved and moved.group(1) != value, f"moving {name} did not change the run: {label.inner_text()!r}"
-    assert view.inner_html() != shown, f"moving {name} did not change the view"
+    for key in replay.locator(".lk-replay-key").all():
+        before = label.inner_text()
+        key.evaluate("e => { e.value = Number(e.value) === 0 ? e.max : 0; e.dispatchEvent(new Event('input')); }")
+        after = label.inner_text()
+        assert after != before, f"moving a slider did not change the setting: {after!r}"
+        assert not stepped or re.search(r", step 1 of \d+$", after), f"a new setting must start at step 1: {after!r}"
+        assert view.inner_html() != shown, f"moving a slider did not change the view ({before!r} -> {after!r})"
+        shown = view.inner_html()
 
 
 def server_state(url: str, token: str, log: Path) -> str:
@@ -324,7 +330,8 @@ def test_stepper_notebook_runs_in_jupyterlab_and_chromium(sync_playwright, lab):
 
 def test_the_book_reads_offline_and_its_recorded_run_plays(sync_playwright, tmp_path):
     """`make book` as a reader without a kernel or a network opens it: every page and figure loads from the folder,
-    the mathematics is typeset, 02's recorded run steps and changes γ, and 06's changes the tree budget."""
+    the mathematics is typeset, 02's recorded run steps and changes γ, 03's figures follow temperature and top-k, 04's
+    calculator α and γ, and 06's the tree budget."""
     from labkit.book import build_book
     pages = build_book(ROOT, tmp_path / "book")
     chapters = [f"{p.stem}.html" for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
@@ -354,7 +361,8 @@ def test_the_book_reads_offline_and_its_recorded_run_plays(sync_playwright, tmp_
                 if p.stem.startswith("00") or p.stem == "glossary":      # MathJax, from the folder, typesets
                     page.wait_for_function("() => document.querySelectorAll('.MathJax, .MathJax_CHTML, "
                                            "mjx-container').length > 0", timeout=30_000)
-            for chapter in ("02", "06"):        # the stepper's run (steps, γ) and the tree budgets (06)
+            for chapter in ("02", "03", "04", "06"):    # the stepper's run (steps, γ), temperature × top-k (03),
+                # the calculator's α × γ (04) and the tree budgets (06)
                 page.goto(next(p for p in pages if p.stem.startswith(chapter)).as_uri(), wait_until="load")
                 replays = page.locator(".lk-replay").all()
                 assert replays, f"{chapter}: no recorded run in the page"

@@ -14,6 +14,9 @@ from labkit.viz.calculator import (
     bench_points,
     best_gamma,
     chain_speedup,
+    chain_tokens,
+    draw,
+    draw_trees,
     iid_accept_distribution,
     judged_acceptance,
     pooled_accept_counts,
@@ -73,6 +76,45 @@ def test_a_tree_never_loses_to_the_chain_of_its_size():
     chains = [chain_speedup(0.6, int(n), 0.4, cost) for n in trees.nodes]
     assert (trees.speedup >= np.array(chains) - 1e-12).all()
     assert (np.diff(trees.tokens) >= 0).all()
+
+
+def test_per_depth_probabilities_price_medusa_and_feature_heads():
+    # Medusa's heads: depth 1 is right 0.5 / 0.2 at ranks 1 / 2, depth 2 0.3 / 0.1; no node deeper than 2
+    probs = [[0.5, 0.2], [0.3, 0.1]]
+    trees = tree_speedups(probs, c=0.1, max_nodes=4, per_level=False)
+    # best nodes in turn: (0) 0.5, (1) 0.2, (0, 0) 0.15, then (1, 0) 0.06 before (0, 1) 0.05
+    assert trees.tokens.tolist() == pytest.approx([1.5, 1.7, 1.85, 1.91])
+    assert trees.depth.tolist() == [1, 1, 2, 2]
+    assert trees.speedup.tolist() == pytest.approx([t / 1.1 for t in trees.tokens])        # every head once: c
+    level = tree_speedups(probs, c=0.1, max_nodes=4)                                       # one forward per level
+    assert level.speedup.tolist() == pytest.approx([1.5 / 1.1, 1.7 / 1.1, 1.85 / 1.2, 1.91 / 1.2])
+    # the same probabilities at every depth, given once or per depth, are the same trees
+    same = tree_speedups([0.6, 0.2], 0.5, max_nodes=4)
+    assert tree_speedups([[0.6, 0.2]] * 4, 0.5, max_nodes=4).tokens.tolist() == pytest.approx(same.tokens.tolist())
+    assert chain_tokens(probs, 2) == pytest.approx(1 + 0.5 + 0.15)
+    assert chain_tokens([0.7, 0.1], 3) == pytest.approx(expected_tokens(0.7, 3))
+    with pytest.raises(ValueError, match="needs 3 depths"):
+        chain_tokens(probs, 3)
+    with pytest.raises(ValueError, match="summing to at most 1"):
+        tree_speedups([[0.9, 0.3]], 0.1)
+
+
+def test_the_drawn_numbers_are_the_formulas():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    curve = {1: 1.0, 2: 1.05, 5: 1.3, 9: 2.0, 33: 5.0}
+    fig, axes = plt.subplots(1, 3)
+    n = draw(axes[:2], 0.7, 4, 0.2, curve)
+    assert n["machine"] == pytest.approx(chain_speedup(0.7, 4, 0.2, VerifyCurve(curve)))
+    assert n["best_gamma_machine"] == best_gamma(0.7, 0.2, VerifyCurve(curve)) < n["best_gamma_ideal"]
+    t = draw_trees(axes[2], rank_probabilities(0.7, [0.5, 0.2, 0.1]), 0.2, curve, max_nodes=16)
+    trees = tree_speedups(rank_probabilities(0.7, [0.5, 0.2, 0.1]), 0.2, VerifyCurve(curve), 16)
+    assert t["best_tree_speedup"] == pytest.approx(trees.speedup.max()) and t["best_nodes"] == trees.speedup.argmax() + 1
+    assert t["best_chain_speedup"] == pytest.approx(max(chain_speedup(0.7, g, 0.2, VerifyCurve(curve))
+                                                        for g in range(1, 17)))
+    assert draw_trees(axes[2], [0.7, 0.2], 0.2, None, max_nodes=8)["verify"] == 1.0          # flat: Leviathan's
+    plt.close(fig)
 
 
 def test_rank_model():

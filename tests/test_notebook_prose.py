@@ -73,7 +73,6 @@ ALLOWED: dict[str, dict[str, str]] = {
            "(151,936)": "the target's vocabulary (its tokenizer)",
            "a block of 10 tokens": "the Jacobi demo's block length (its code)",
            "21 questions": "the size of the shipped question set",
-           "(1.3-1.6x)": "the published layer-skip speedups (Draft & Verify, SWIFT), named as such",
            "7B-70B": "the published models' sizes",
            "to reach 1.2x": "an exercise's target",
            "of 1 and of 32": "an exercise's settings",

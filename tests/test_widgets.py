@@ -132,7 +132,8 @@ def test_a_replay_holds_every_recorded_step_and_plays_without_a_kernel(tiny_targ
     html = replay_html(frames, start=4, element_id="lk-replay-test")
     data = json.loads(re.search(r'<script type="application/json" id="lk-replay-test-data">(.*?)</script>',
                                 html, re.S).group(1))
-    assert data["keys"] == ["1", "4"] and data["start"] == 1 and data["frames"] == [frames[1], frames[4]]
+    assert data["axes"] == [["1", "4"]] and data["start"] == [1] and data["frames"] == [frames[1], frames[4]]
+    assert data["index"] == {"0": 0, "1": 1} and "γ = 4, step 1 of" in html
     view = re.search(r'<div class="lk-replay-view"[^>]*>(.*?)</div></div>\n<script', html, re.S).group(1)
     assert view == frames[4][0]                                      # drawn before any script runs
     assert "http" not in html.split('<script type="application/json"')[0].split("lk-replay-view")[0]
@@ -160,4 +161,37 @@ def test_a_figure_is_a_frame_and_is_not_shown_twice():
     png = base64.b64decode(re.search(r'base64,([^"]+)"', frame).group(1))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     html = Replay({4: [frame], 8: [frame]}, name="budget", start=8)._repr_html_()
-    assert "budget = 8, step 1 of 1" in html
+    assert "budget = 8</span>" in html and 'class="lk-replay-step"' not in html   # one frame each: no step controls
+
+
+def test_a_grid_has_a_slider_per_parameter_and_every_combination():
+    import json
+    import re
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.viz.replay import Replay, figure_grid, replay_html
+    drawn = []
+
+    def draw(t, k):
+        drawn.append((t, k))
+        fig, ax = plt.subplots()
+        ax.set_title(f"{t} {k}")
+        return fig
+    axes = {"temperature": (0.5, 1.0, 1.5), "top-k": (5, 50)}
+    frames = figure_grid(draw, axes, progress=False)
+    assert drawn == [(t, k) for t in axes["temperature"] for k in axes["top-k"]] and list(frames) == drawn
+    html = replay_html(frames, name=tuple(axes), start=(1.5, 5), element_id="lk-replay-grid")
+    data = json.loads(re.search(r'id="lk-replay-grid-data">(.*?)</script>', html, re.S).group(1))
+    assert data["names"] == ["temperature", "top-k"] and data["axes"] == [["0.5", "1.0", "1.5"], ["5", "50"]]
+    assert data["start"] == [2, 0] and data["frames"][data["index"]["2,0"]] == frames[(1.5, 5)]
+    assert data["frames"][data["index"]["0,1"]] == frames[(0.5, 50)]
+    assert html.count('class="lk-replay-key"') == 2 and "temperature = 1.5, top-k = 5</span>" in html
+    with pytest.raises(ValueError, match="every combination"):
+        Replay({k: v for k, v in frames.items() if k != (1.0, 50)}, name=tuple(axes))
+    with pytest.raises(ValueError, match="tuples of 2 values"):
+        Replay({0.5: frames[(0.5, 5)]}, name=tuple(axes))
+    with pytest.raises(ValueError, match="one or more values"):
+        figure_grid(draw, {"temperature": ()})

@@ -1,4 +1,4 @@
-"""The speedup calculator: Leviathan's formula with this machine's verify cost, for chains and trees.
+"""The speedup calculator: Leviathan's formula with this machine's verify cost, for chains and for trees.
 
 Leviathan et al. price a speculative step at γ draft steps (c each, in units of one target step)
 plus one verify forward, and take that verify to cost one target step:
@@ -11,20 +11,21 @@ so the calculator also draws
 
     S(γ) = E[tokens per step] / (γ c + t(γ+1)/t(1)).
 
-Trees: a tree of n draft nodes is verified in one forward of n+1 tokens (the last committed token
-and the nodes). Under greedy verification the target's token at a node is one token, so at most
-one child of a node can be accepted, and the expected accepted length is the sum over nodes of
-P(every node on the way to it is right). The model here: at every depth the target's token is the
-draft's r-th guess with probability p_r, independently of the depth and of the other positions
-(p_1 = α; the shares of the further ranks among the draft's misses are measured on real text with
-`draft_ranks`). The best tree of n nodes adds the nodes of highest path probability one by one
-(`labkit.drafters.medusa.medusa_tree`: each prefix of its list is the best tree of its size); a
-draft model drafts a tree level by level, one draft forward per level, so a step costs
-depth·c + t(n+1)/t(1). A chain of γ tokens is the tree of n = γ nodes with depth γ.
+Trees (`tree_speedups`, `draw_trees`): a tree of n draft nodes is verified in one forward of n+1
+tokens (the last committed token and the nodes). Under greedy verification the target's token at a
+node is one token, so at most one child of a node can be accepted, and the expected accepted length
+is the sum over nodes of P(every node on the way to it is right). The model: at depth d the target's
+token is the drafter's r-th guess with probability p[d, r], independently of the other positions,
+either the same at every depth (p_1 = α and measured shares of the further ranks, `draft_ranks`) or
+per depth (Medusa's heads, each with its own top-k accuracy). The best tree of n nodes adds the
+nodes of highest path probability one by one (`labkit.drafters.medusa.medusa_tree`: each prefix of
+its list is the best tree of its size). A draft model or a feature head drafts a tree level by
+level, one forward per level, so a step costs depth·c + t(n+1)/t(1); Medusa's heads all run once,
+c + t(n+1)/t(1). A chain of γ tokens is the tree of n = γ nodes with depth γ.
 
     curve = measure_verify_curve(target.model)          # {k: t(k)/t(1)}
-    calc = SpeedupCalculator(curve, alpha=0.8, gamma=4, c=0.4, shares=rank_shares(ranks), points=points)
-    calc                                               # sliders for α, γ, c and the three plots
+    calc = SpeedupCalculator(curve, alpha=0.8, gamma=4, c=0.4, points=points)
+    calc                                               # sliders for α, γ, c and the two plots
 
 The pure functions (`chain_speedup`, `tree_speedups`, `rank_probabilities`, `rank_shares`,
 `pooled_accept_counts`, `iid_accept_distribution`) are tested in tests/test_calculator.py.
@@ -114,20 +115,38 @@ class TreeCurve:
     speedup: np.ndarray
 
 
-def tree_speedups(probs, c: float, verify: VerifyCurve = FLAT, max_nodes: int = MAX_NODES) -> TreeCurve:
-    """Best trees of 1..max_nodes nodes under the rank model `probs` (p_r per depth), priced depth·c + t(n+1)/t(1)."""
+def tree_speedups(probs, c: float, verify: VerifyCurve = FLAT, max_nodes: int = MAX_NODES,
+                  per_level: bool = True) -> TreeCurve:
+    """Best trees of 1..max_nodes nodes under the rank model `probs`, priced depth·c + t(n+1)/t(1) (per_level: one
+    draft forward per level) or c + t(n+1)/t(1) (Medusa: every head once).
+
+    probs: (ranks,) p_r, the same at every depth; or (depth, ranks), p[d, r] for each depth (no node deeper than
+    its rows)."""
     probs = np.asarray(probs, dtype=float)
-    if (probs <= 0).all():
+    if probs.ndim not in (1, 2) or probs.shape[-1] == 0 or (probs < 0).any() or (probs.sum(axis=-1) > 1 + 1e-9).any():
+        raise ValueError(f"probs must be (ranks,) or (depth, ranks) probabilities summing to at most 1 per depth, "
+                         f"got shape {probs.shape}")
+    per_depth = probs if probs.ndim == 2 else np.broadcast_to(probs, (max_nodes, len(probs)))    # (depth, ranks)
+    if (per_depth[0] <= 0).all():
         ones = np.arange(1, max_nodes + 1)
-        return TreeCurve(ones, np.ones(max_nodes), ones, np.array([1 / (n * c + verify(n + 1)) for n in ones]))
-    cumulative = torch.tensor(np.cumsum(probs)).expand(max_nodes, len(probs))      # (depth, ranks)
-    choices = medusa_tree(cumulative, max_nodes)               # best first: each prefix is the best smaller tree
-    values = [float(np.prod([probs[r] for r in ch])) for ch in choices]
+        return TreeCurve(ones, np.ones(max_nodes), ones,
+                         np.array([1 / ((n if per_level else 1) * c + verify(n + 1)) for n in ones]))
+    choices = medusa_tree(torch.tensor(np.cumsum(per_depth, axis=1)), max_nodes)   # each prefix: the best smaller tree
+    values = [float(np.prod([per_depth[d, r] for d, r in enumerate(ch)])) for ch in choices]
     nodes = np.arange(1, len(choices) + 1)
     tokens = 1 + np.cumsum(values)
     depth = np.maximum.accumulate([len(ch) for ch in choices])
-    speedup = np.array([t / (d * c + verify(n + 1)) for n, t, d in zip(nodes, tokens, depth)])
+    speedup = np.array([t / ((d if per_level else 1) * c + verify(n + 1)) for n, t, d in zip(nodes, tokens, depth)])
     return TreeCurve(nodes, tokens, depth, speedup)
+
+
+def chain_tokens(probs, n: int) -> float:
+    """Expected tokens per step of the chain of the drafter's first guesses, n deep: 1 + Σ_d Π_{i<=d} p[i, 0]."""
+    probs = np.asarray(probs, dtype=float)
+    first = np.full(n, probs[0]) if probs.ndim == 1 else probs[:n, 0]
+    if len(first) < n:
+        raise ValueError(f"a chain of {n} needs {n} depths; probs has {len(first)}")
+    return float(1 + np.cumprod(first).sum())
 
 
 @torch.no_grad()
@@ -235,10 +254,10 @@ def bench_points(folder: str | Path, cpu: str, target: str, draft: str, draft_pr
 
 # ---- the plots ----
 
-def draw(axes, alpha: float, gamma: int, c: float, curve: dict[int, float], shares, points: list[RunPoint] = (),
-         max_gamma: int = MAX_GAMMA, max_nodes: int = MAX_NODES) -> dict:
-    """The verify curve, chains against γ and trees against n on three axes; the numbers drawn, as a dict."""
-    ax_cost, ax_chain, ax_tree = axes
+def draw(axes, alpha: float, gamma: int, c: float, curve: dict[int, float], points: list[RunPoint] = (),
+         max_gamma: int = MAX_GAMMA) -> dict:
+    """The verify curve and the chains' speedup against γ, on two axes; the numbers drawn, as a dict."""
+    ax_cost, ax_chain = axes
     here = VerifyCurve(curve)
     # 1. what a verify pass costs
     ks = np.array(sorted(curve))
@@ -276,6 +295,7 @@ def draw(axes, alpha: float, gamma: int, c: float, curve: dict[int, float], shar
     ax_chain.axhline(1, ls=":", color="grey", lw=1, label="1: plain decoding's speed")
     ax_chain.set_xlabel("γ (draft tokens per step)")
     ax_chain.set_ylabel("speedup over plain decoding")
+    ax_chain.set_ylim(0, None)
     ax_chain.set_title(f"chains: α = {alpha:.2f}, c = {c:.2f}", fontsize="medium")
     ax_chain.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles = ax_chain.get_legend_handles_labels()[0]
@@ -283,52 +303,71 @@ def draw(axes, alpha: float, gamma: int, c: float, curve: dict[int, float], shar
         from matplotlib.lines import Line2D
         handles[3:3] = [Line2D([], [], ls="", marker="o", color=COLOURS["run"], label="measured, fixed γ"),
                         Line2D([], [], ls="", marker="x", color=COLOURS["run"], label="formula at that run's α")]
-    ax_chain.legend(handles=handles, fontsize=9, frameon=False)
-    # 3. trees
-    trees = tree_speedups(rank_probabilities(alpha, shares), c, here, max_nodes)
-    chain_n = [chain_speedup(alpha, int(n), c, here) for n in trees.nodes]
-    ax_tree.plot(trees.nodes, chain_n, "-", color=COLOURS["machine"], lw=2, label="chain of n (γ = n)")
-    ax_tree.plot(trees.nodes, trees.speedup, "-", color=COLOURS["tree"], lw=2, label="best tree of n nodes")
-    ax_tree.plot(trees.nodes, [t / (d * c + 1) for t, d in zip(trees.tokens, trees.depth)], "--",
-                 color=COLOURS["ideal"], lw=1.5, label="best tree, flat verify")
-    ax_tree.axhline(1, ls=":", color="grey", lw=1, label="1: plain decoding's speed")
-    ax_tree.set_xlabel("draft nodes verified per step n")
-    ax_tree.set_ylabel("expected speedup")
-    ax_tree.set_title("trees, this machine's verify cost", fontsize="medium")
-    ax_tree.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_tree.legend(fontsize=9, frameon=False)
-    best_n = int(trees.nodes[int(np.argmax(trees.speedup))])
+    ax_chain.legend(handles=handles, fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1))
     best_g = best_gamma(alpha, c, here, max_gamma)
     return {"ideal": chain_speedup(alpha, gamma, c), "machine": chain_speedup(alpha, gamma, c, here),
             "verify": here(gamma + 1), "tokens": expected_tokens(alpha, gamma),
             "best_gamma_ideal": best_gamma(alpha, c, FLAT, max_gamma), "best_gamma_machine": best_g,
-            "best_chain_speedup": chain_speedup(alpha, best_g, c, here),
-            "best_nodes": best_n, "best_tree_speedup": float(trees.speedup[best_n - 1]),
-            "best_tree_tokens": float(trees.tokens[best_n - 1]), "best_tree_depth": int(trees.depth[best_n - 1])}
+            "best_chain_speedup": chain_speedup(alpha, best_g, c, here)}
+
+
+def draw_trees(ax, probs, c: float, curve: dict[int, float] | None, max_nodes: int = MAX_NODES,
+               per_level: bool = True, title: str = "") -> dict:
+    """Best tree of n nodes against the chain of n, with the verify cost `curve` (None: flat, Leviathan's); the
+    numbers drawn, as a dict."""
+    verify = FLAT if curve is None else VerifyCurve(curve)
+    trees = tree_speedups(probs, c, verify, max_nodes, per_level)
+    depths = len(trees.nodes) if np.ndim(probs) == 1 else min(len(trees.nodes), np.shape(probs)[0])
+    chain_n = np.arange(1, depths + 1)
+    chain = [chain_tokens(probs, int(n)) / ((n if per_level else 1) * c + verify(n + 1)) for n in chain_n]
+    ax.plot(chain_n, chain, "o-" if depths < 8 else "-", ms=4, color=COLOURS["machine"], lw=2,
+            label="chain of n (the first guesses)")
+    ax.plot(trees.nodes, trees.speedup, "-", color=COLOURS["tree"], lw=2, label="best tree of n nodes")
+    best_n = int(trees.nodes[int(np.argmax(trees.speedup))])
+    ax.plot([best_n], [trees.speedup[best_n - 1]], "o", ms=9, mfc="none", color=COLOURS["tree"],
+            label=f"the best tree: {best_n} nodes")
+    ax.axhline(1, ls=":", color="grey", lw=1, label="1: plain decoding's speed")
+    ax.set_xlabel("draft nodes verified per step n")
+    ax.set_ylabel("expected speedup")
+    ax.set_ylim(0, max(1.2, 1.1 * max(max(chain), float(trees.speedup.max()))))
+    ax.set_title(title or ("trees, flat verify" if curve is None else "trees, this machine's verify cost"),
+                 fontsize="medium")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1))
+    best_chain = int(chain_n[int(np.argmax(chain))])
+    return {"best_nodes": best_n, "best_tree_speedup": float(trees.speedup[best_n - 1]),
+            "best_tree_tokens": float(trees.tokens[best_n - 1]), "best_tree_depth": int(trees.depth[best_n - 1]),
+            "verify": verify(best_n + 1), "best_chain": best_chain, "best_chain_speedup": float(max(chain))}
 
 
 def summary(alpha: float, gamma: int, c: float, n: dict) -> str:
-    """What the three plots say at these slider values, in Markdown."""
+    """What the two plots say at these slider values, in Markdown."""
     return (f"At α = {alpha:.2f}, γ = {gamma}, c = {c:.2f}: a step commits {n['tokens']:.2f} tokens on average and "
             f"costs {gamma} × {c:.2f} draft + {n['verify']:.2f} verify = {gamma * c + n['verify']:.2f} target steps "
             f"here (Leviathan's flat verify: {gamma * c + 1:.2f}). Expected speedup **{n['machine']:.2f}x** on this "
             f"machine, {n['ideal']:.2f}x with a flat verify. Best γ: {n['best_gamma_machine']} here, "
-            f"{n['best_gamma_ideal']} with a flat verify. Best tree: **{n['best_nodes']} nodes** (depth "
-            f"{n['best_tree_depth']}, {n['best_tree_tokens']:.2f} tokens per step), **{n['best_tree_speedup']:.2f}x**.")
+            f"{n['best_gamma_ideal']} with a flat verify.")
+
+
+def tree_summary(n: dict) -> str:
+    """What `draw_trees` drew, in Markdown: the best tree against the best chain."""
+    return (f"Best tree: **{n['best_nodes']} nodes** (depth {n['best_tree_depth']}, {n['best_tree_tokens']:.2f} "
+            f"tokens per step, a verify of {n['verify']:.2f} plain steps), **{n['best_tree_speedup']:.2f}x**; "
+            f"best chain: {n['best_chain']} deep, {n['best_chain_speedup']:.2f}x.")
 
 
 class SpeedupCalculator:
     """Sliders for α, γ and c over `draw`; the plots redraw live (ipywidgets.interactive_output).
 
-    The first drawing is made when the calculator is built, inside an Output widget, so a notebook
-    executed and saved with its widget state shows it before any kernel runs.
+    The first drawing is made when the calculator is built, inside an Output widget. Without a kernel
+    the sliders do nothing: `figure` draws any setting, for a grid of them that plays without one
+    (`labkit.viz.replay.figure_grid`).
     """
 
-    def __init__(self, curve: dict[int, float], alpha: float, gamma: int, c: float, shares,
-                 points: list[RunPoint] = (), max_gamma: int = MAX_GAMMA, max_nodes: int = MAX_NODES):
+    def __init__(self, curve: dict[int, float], alpha: float, gamma: int, c: float, points: list[RunPoint] = (),
+                 max_gamma: int = MAX_GAMMA):
         import ipywidgets as w
-        self.curve, self.shares, self.points = curve, np.asarray(shares, dtype=float), list(points)
-        self.max_gamma, self.max_nodes = max_gamma, min(max_nodes, max(curve) - 1)
+        self.curve, self.points, self.max_gamma = curve, list(points), max_gamma
         style, layout = {"description_width": "initial"}, w.Layout(width="32%")
         self.alpha = w.FloatSlider(value=round(min(0.99, max(0.0, alpha)), 2), min=0.0, max=0.99, step=0.01,
                                    description="α (acceptance)", continuous_update=False, style=style, layout=layout)
@@ -340,17 +379,22 @@ class SpeedupCalculator:
         self.out = w.interactive_output(self.show, {"alpha": self.alpha, "gamma": self.gamma, "c": self.c})
         self.widget = w.VBox([w.HBox([self.alpha, self.gamma, self.c]), self.out])
 
+    def figure(self, alpha: float, gamma: int, c: float):
+        """(figure, Markdown summary) at one setting of the sliders; the numbers drawn are kept as `numbers`."""
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(15, 4), gridspec_kw={"width_ratios": [1, 1.5]})
+        self.numbers = draw(axes, alpha, gamma, c, self.curve, self.points, self.max_gamma)
+        fig.tight_layout()
+        return fig, summary(alpha, gamma, c, self.numbers)
+
     def show(self, alpha: float, gamma: int, c: float) -> dict:
         import matplotlib.pyplot as plt
         from IPython.display import Markdown, display
-        fig, axes = plt.subplots(1, 3, figsize=(14, 4), gridspec_kw={"width_ratios": [1, 1.4, 1.2]})
-        numbers = draw(axes, alpha, gamma, c, self.curve, self.shares, self.points, self.max_gamma, self.max_nodes)
-        fig.tight_layout()
+        fig, text = self.figure(alpha, gamma, c)
         display(fig)
         plt.close(fig)
-        display(Markdown(summary(alpha, gamma, c, numbers)))
-        self.numbers = numbers           # what the plots show now (the first drawing's right after building)
-        return numbers
+        display(Markdown(text))
+        return self.numbers
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
