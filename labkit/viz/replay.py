@@ -103,7 +103,8 @@ def replay_html(frames: dict, name="γ", start=None, element_id: str | None = No
     if any(len(t) != len(names) for t in tuples):
         raise ValueError(f"frames must be keyed by tuples of {len(names)} values ({', '.join(names)}), got {keys[0]!r}")
     axes = [list(dict.fromkeys(t[d] for t in tuples)) for d in range(len(names))]      # each parameter's values
-    missing = [c for c in itertools.product(*axes) if c not in set(tuples)]
+    recorded = set(tuples)
+    missing = [c for c in itertools.product(*axes) if c not in recorded]
     if missing:
         raise ValueError(f"frames must hold every combination of {', '.join(names)}: missing {missing[:3]}")
     start = keys[len(keys) // 2] if start is None else start
