@@ -113,6 +113,28 @@ def test_int4_linear_is_batch_invariant_and_unpacks():
         cpu.int4_linear(rand(2, 380), layer.packed, layer.scales, 520)
 
 
+@pytest.mark.parametrize("K", [96, 160, 1536])            # an odd number of groups, and the model's width
+def test_int4_amx_tiles_give_the_vector_codes_bits(K):
+    """Where the CPU has AMX, calls of 2+ rows run on the tile unit: the same integer sums and fold, so the same bits."""
+    kernels = cpu.load()
+    if not kernels.int4_amx():
+        pytest.skip("this CPU has no AMX (amx_int8), or Linux did not grant the tile state: nothing to compare")
+    qw = cpu.quantize_int4(rand(70, K, scale=0.05))
+    packed, scales = cpu.pack_int4(qw)
+    b = rand(70, seed=1)
+    for dtype in (torch.float32, torch.bfloat16):
+        for M in (2, 3, 8, 9, 16, 23):
+            x = rand(M, K, dtype=dtype, seed=M)
+            tiles = cpu.int4_linear(x, packed, scales, 70, b)
+            was = kernels.int4_use_amx(False)
+            try:
+                vectors = cpu.int4_linear(x, packed, scales, 70, b)
+            finally:
+                kernels.int4_use_amx(was)
+            assert torch.equal(tiles, vectors), (dtype, M)
+            assert close(tiles, cpu.int4_linear_ref(x, qw, b), dtype) < TOL[dtype]
+
+
 def causal_mask(T, S):
     """T new tokens at the end of S slots: row i sees slots 0 .. S - T + i."""
     return torch.ones(T, S, dtype=torch.bool).tril(S - T)

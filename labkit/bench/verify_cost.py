@@ -111,6 +111,14 @@ def best_row(result: dict, precision: str) -> dict | None:
     return min(rows, key=lambda r: r["times_s"][str(result["tokens"][0])]) if rows else None
 
 
+def _compute_line_note(flops: dict) -> str:
+    integer = "the quantized precisions' integer kernels have a peak of their own"
+    if not flops:
+        return f"No compute line: {integer}."
+    peaks = ", ".join(f"{p} {v['value'] / 1e9:.0f} GFLOP/s" for p, v in flops.items())
+    return f"Compute line: FLOPs of T tokens / {peaks} (a 2048³ matmul); {integer}: no compute line for them."
+
+
 def markdown(result: dict) -> str:
     m, T = result["machine"], result["tokens"]
     lines = [f"# Verify cost: `{result['model']}` on {m['cpu']}", "",
@@ -119,10 +127,7 @@ def markdown(result: dict) -> str:
              f"precision loaded in a process of its own; load average "
              f"{result['load_average']['before'][0]} before, {result['load_average']['after'][0]} after.", "",
              f"Bandwidth line: weight bytes / {result['bandwidth']['value'] / 1e9:.1f} GB/s "
-             f"({result['bandwidth']['source']}). Compute line: FLOPs of T tokens / "
-             + ", ".join(f"{p} {v['value'] / 1e9:.0f} GFLOP/s" for p, v in result["matmul_flops"].items())
-             + " (a 2048³ matmul); the quantized precisions' integer kernels have a peak of their own: no compute "
-             "line for them.", "",
+             f"({result['bandwidth']['source']}). " + _compute_line_note(result["matmul_flops"]), "",
              "| path | precision | t(1) ms | " + " | ".join(f"t({t})/t(1)" for t in T[1:])
              + " | bandwidth line ms | t(1) / bandwidth line |",
              "|---|---|---|" + "---|" * (len(T) - 1) + "---|---|"]

@@ -17,7 +17,7 @@ those modules, applied once at load; the model code is the same on every path:
 Precision is the weights': fp32 or bf16 as loaded (activations follow), or int8 / int4. int8 runs
 torch's weight-only CPU kernel (bf16 activations). int4 runs labkit's own 4-bit kernel on the packed
 path (kernels/cpu/int4.cpp: groups of 32 weights with an fp16 scale and minimum, int8 activations,
-integer dot products, batch invariant, so its cost stays nearly flat from 1 to 8 rows and a k-token
+integer dot products, on AMX tiles for 2+ rows where the CPU has them; batch invariant, so a k-token
 verify gives the bits of k one-token steps) and torch's weight-only int4 kernel elsewhere. A
 quantized model is a model of its own: speculative decoding reproduces that model's plain decoding,
 not the bf16 one's (its quality against bf16: scripts/precision_quality.py). `labkit.models.calibrate` picks the path on each machine; `load_model(backend=...)`,

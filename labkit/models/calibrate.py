@@ -226,14 +226,13 @@ def calibration_model(args: ModelArgs, precision: str, min_bytes: float = 4e8) -
 
 @torch.no_grad()
 def measure(args: ModelArgs, precision: str, paths: list[str], context: int = 64, repeats: int = 4) -> dict:
-    """Seconds of a 1-token and an 8-token forward on each path, for `args`'s shape (best of `repeats`)."""
-    times = {}
-    for path in paths:
-        model = apply_path(calibration_model(args, precision), path, precision)
-        t = time_forwards(model, context, CALIBRATION_TOKENS, repeats, progress=False)
-        times[path] = {str(T): t[T] for T in CALIBRATION_TOKENS}
-        del model
-    return times
+    """Seconds of a 1-, 8- and 32-token forward on each path, for `args`'s shape (best of `repeats`).
+
+    The paths take turns (`time_forward_rounds`), so load from another process slows every path alike
+    instead of the one being timed: a choice made under load, and cached, would stay wrong on a quiet machine."""
+    models = {path: apply_path(calibration_model(args, precision), path, precision) for path in paths}
+    runs = time_forward_rounds(models, context, CALIBRATION_TOKENS, repeats, progress=False)
+    return {path: {str(T): min(r) for T, r in by_T.items()} for path, by_T in runs.items()}
 
 
 def pick(times: dict[str, dict[str, float]]) -> str:
@@ -321,21 +320,34 @@ def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
 def time_forward_runs(model, context: int, tokens: tuple[int, ...], repeats: int,
                       clock=time.perf_counter, progress: bool = True) -> dict[int, list[float]]:
     """Every timed run of `time_forwards` ({T: `repeats` seconds}, warm-up dropped): their spread is the noise."""
-    device = model.device
-    cache = model.new_cache(max_len=context + max(tokens))
+    return time_forward_rounds({None: model}, context, tokens, repeats, clock, progress)[None]
+
+
+@torch.no_grad()
+def time_forward_rounds(models: dict, context: int, tokens: tuple[int, ...], repeats: int,
+                        clock=time.perf_counter, progress: bool = True) -> dict:
+    """{name: {T: `repeats` seconds}}: each model's forward of T tokens after `context` cached ones, timed in
+    rounds of every model and T (round robin), so a burst of load from another process slows one round of
+    each rather than every run of one; the first round warms up and is dropped."""
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.vocab_size, (1, context), generator=g).to(device)
-    model(prompt, cache, num_logits=1)
-    feeds = {T: torch.randint(0, model.vocab_size, (1, T), generator=g).to(device) for T in tokens}
-    runs = {T: [] for T in tokens}
-    with tqdm(total=(repeats + 1) * len(tokens), desc="forwards", disable=not progress) as bar:
+    state = {}
+    for name, model in models.items():
+        device = model.device
+        cache = model.new_cache(max_len=context + max(tokens))
+        model(torch.randint(0, model.vocab_size, (1, context), generator=g).to(device), cache, num_logits=1)
+        feeds = {T: torch.randint(0, model.vocab_size, (1, T), generator=g).to(device) for T in tokens}
+        state[name] = (cache, feeds)
+    runs = {name: {T: [] for T in tokens} for name in models}
+    with tqdm(total=(repeats + 1) * len(tokens) * len(models), desc="forwards", disable=not progress) as bar:
         for _ in range(repeats + 1):
-            for T in tokens:
-                sync(device)
-                t0 = clock()
-                model(feeds[T], cache)
-                sync(device)
-                runs[T].append(clock() - t0)
-                cache.truncate(context)
-                bar.update()
-    return {T: r[1:] for T, r in runs.items()}
+            for name, model in models.items():
+                cache, feeds = state[name]
+                for T in tokens:
+                    sync(model.device)
+                    t0 = clock()
+                    model(feeds[T], cache)
+                    sync(model.device)
+                    runs[name][T].append(clock() - t0)
+                    cache.truncate(context)
+                    bar.update()
+    return {name: {T: r[1:] for T, r in by_T.items()} for name, by_T in runs.items()}

@@ -26,12 +26,31 @@
 //
 // 256-bit code on every x86 CPU with AVX2 (AVX-512 CPUs run it too); where the CPU has VNNI
 // (vpdpbusd), one instruction replaces vpmaddubsw + the int16 sum + vpmaddwd.
+//
+// Where the CPU has AMX (Intel Xeon since Sapphire Rapids) a call of 2 or more rows goes to the tile
+// unit instead: the vector code's integer work grows with the rows (16 vpdpbusd a row, group and
+// block), and at 8 rows it takes longer than streaming the weights. On the tile unit two groups of a
+// block are unpacked once into a B tile (16 rows x 64 bytes: k / 4 down, 16 columns x 4 k across), and
+// one tdpbsud multiplies them with up to 8 rows of int8 activations laid out block-diagonally (row r:
+// its first group's 32 values, then zeros; row 8 + r: zeros, then its second group's), which keeps the
+// two groups' sums apart in one 16 x 16 int32 result, as their scales require. The sums are the same
+// integers as the vector code's and the fold of the scales is the same fp32 arithmetic lane for lane,
+// so the two paths give the same bits (tests/test_cpu_kernels.py) and a row's result still does not
+// depend on how many rows share the call. The fold, not the multiply, is then most of the arithmetic:
+// two FMAs a row, group and column.
 #include <ATen/ATen.h>  // not torch/extension.h (the C++ frontend, pybind11): module.cpp alone needs it
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+#define LK4_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define LK4_AMX 0
+#endif
 
 void store_block(float* acc, int64_t M, int64_t width, int64_t n0, int64_t cols, const float* bias, void* y,
                  int64_t N, bool out_bf16);   // linear.cpp
@@ -60,12 +79,30 @@ static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
 #endif
 }
 
+#if defined(__AVX512F__)
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const c10::BFloat16* p) {              // bf16 -> fp32: the bits, 16 places left
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+#endif
+
 // Each row's activations, quantized: xq (M, K) int8, per group sx and sx * sum(xq) (M, K/32) fp32.
 template <typename T>
 static void quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* sx, float* sxsum) {
   const int64_t G = K / GROUP;
   at::parallel_for(0, M * G, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
+#if defined(__AVX512F__)
+      // the loop below, 16 lanes at a time (the same arithmetic: cvtps rounds half to even as nearbyint does)
+      const __m512 x0 = load16(x + i * GROUP), x1 = load16(x + i * GROUP + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+      const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
+      _mm_storeu_si128((__m128i*)(xq + i * GROUP), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128((__m128i*)(xq + i * GROUP + 16), _mm512_cvtsepi32_epi8(q1));
+      sx[i] = amax / 127.f;
+      sxsum[i] = sx[i] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
       float xg[GROUP];                           // rows are contiguous, so group i of the whole (M, K)
       float amax = 0.f;
       for (int k = 0; k < GROUP; ++k) {
@@ -81,6 +118,7 @@ static void quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* s
       }
       sx[i] = amax / 127.f;
       sxsum[i] = sx[i] * (float)sum;
+#endif
     }
   });
 }
@@ -175,6 +213,177 @@ static void gemm(const int8_t* xq, const float* sx, const float* sxsum, int64_t 
   });
 }
 
+#if LK4_AMX
+constexpr int AMX_ROWS = 8;       // rows per chunk: a C tile holds two groups' sums of at most 8 rows each
+constexpr int AGP = 4;            // group pairs per stage: unpacked, multiplied, then folded, each in one run
+constexpr int PF_AHEAD = 2048;    // weights prefetched this many bytes ahead (of 1-8 KB, 2 KB measured best)
+
+// Calls of more than 8 rows run in equal chunks of R rows; the rows past M are zeros.
+static int64_t amx_chunks(int64_t M) { return (M + AMX_ROWS - 1) / AMX_ROWS; }
+static int amx_chunk_rows(int64_t M) { return (int)((M + amx_chunks(M) - 1) / amx_chunks(M)); }
+
+// Linux gives a process the AMX tile state only when it asks for it (arch_prctl); false where it refuses.
+static bool amx_allowed() {
+  static const bool ok = [] {
+    constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Two slots of three tiles, used in turn (tiles are not renamed: one slot would wait for each multiply and
+// store): C (tiles 0, 1), 2R x 16 int32 sums; A (2, 3), 2R x 64 int8 activations; B (4, 5), 16 x 64 u8 weights.
+static void configure_tiles(int R) {
+  TileConfig c;
+  for (int t = 0; t < 2; ++t) {
+    c.rows[t] = 2 * R, c.colsb[t] = 64;
+    c.rows[2 + t] = 2 * R, c.colsb[2 + t] = 64;
+    c.rows[4 + t] = 2 * QUADS, c.colsb[4 + t] = 64;
+  }
+  _tile_loadconfig(&c);
+}
+
+// One group of a block (8 quads, 256 bytes) -> 8 rows of a B tile: row q is quad q's low nibbles (columns 0-7,
+// 4 k each), then its high nibbles (columns 8-15), so B[q][4n + i] is column n's weight at k = 4q + i.
+static inline void unpack_group(const uint8_t* w, uint8_t* b) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int q = 0; q < QUADS; q += 2) {
+    const __m512i raw = _mm512_loadu_si512(w + q * 32);                          // quads q and q + 1
+    const __m512i lo = _mm512_and_si512(raw, low), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+    _mm512_storeu_si512(b + q * 64, _mm512_shuffle_i64x2(lo, hi, 0x44));         // lo q, hi q
+    _mm512_storeu_si512(b + (q + 1) * 64, _mm512_shuffle_i64x2(lo, hi, 0xEE));   // lo q + 1, hi q + 1
+  }
+}
+
+// The A tiles of every group pair: for each chunk of R rows and pair p, 2R rows of 64 bytes, block diagonal:
+// row r is row r's group 2p activations then 32 zeros, row R + r is 32 zeros then its group 2p + 1. Against a
+// B tile of both groups' weights one multiply gives group 2p's sums in C's first R rows and 2p + 1's in the
+// next R: two groups a multiply and a store, as far apart as the scales require.
+static std::vector<int8_t> pair_rows(const int8_t* xq, int64_t n_chunks, int R, int64_t K) {
+  const int64_t G = K / GROUP, P = (G + 1) / 2;
+  std::vector<int8_t> xd(n_chunks * P * 2 * R * 64, 0);
+  for (int64_t ch = 0; ch < n_chunks; ++ch)
+    for (int64_t p = 0; p < P; ++p)
+      for (int h = 0; h < 2 && 2 * p + h < G; ++h)
+        for (int r = 0; r < R; ++r)
+          std::copy_n(xq + (ch * R + r) * K + (2 * p + h) * GROUP, GROUP,
+                      xd.data() + ((ch * P + p) * 2 * R + h * R + r) * 64 + h * GROUP);
+  return xd;
+}
+
+// A group pair's sums on tile slot S: B from the unpacked weights wt, A from the paired rows xd, the 2R x 16
+// sums stored to c. (A macro: the tile intrinsics take literal tile numbers.)
+#define LK4_PAIR_SUMS(S, C, A, B)                                                                       \
+  static inline void pair_sums##S(const uint8_t* wt, const int8_t* xd, int32_t* c) {                    \
+    _tile_loadd(B, wt, 64);                                                                              \
+    _tile_loadd(A, xd, 64);                                                                              \
+    _tile_zero(C);                                                                                       \
+    _tile_dpbsud(C, A, B);                                                                               \
+    _tile_stored(C, c, 64);                                                                              \
+  }
+LK4_PAIR_SUMS(0, 0, 2, 4)
+LK4_PAIR_SUMS(1, 1, 3, 5)
+#undef LK4_PAIR_SUMS
+
+// One block of 16 columns on the tile unit: acc (n_chunks * R x 16 fp32) = its rows' products. Per chunk of R
+// rows, AGP pairs of groups at a time: their weights unpacked, multiplied (two groups a multiply), then folded
+// with their scales as tile() folds them, lane for lane, the R accumulators held in registers throughout.
+// Each stage runs over all AGP pairs before the next reads what it stored: a tile load of weights just stored
+// by vector code, or a vector load of sums just stored from a tile, waits until the store reaches the cache.
+template <int R>
+static void block_amx(const int8_t* xd, const float* sx, const float* sxsum, int64_t n_chunks, int64_t K,
+                      const uint8_t* wb, const uint16_t* sb, const uint8_t* w_end, uint8_t (*wt)[2 * QUADS * 64],
+                      int32_t (*c)[2 * AMX_ROWS * NBQ], float* acc) {
+  const int64_t G = K / GROUP, P = (G + 1) / 2;
+  for (int64_t ch = 0; ch < n_chunks; ++ch) {
+    const float* sxc = sx + ch * R * G, *sxsumc = sxsum + ch * R * G;
+    __m512 a[R];
+    for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+    for (int64_t p0 = 0; p0 < P; p0 += AGP) {
+      const int np = (int)std::min<int64_t>(AGP, P - p0);
+      // weights PF_AHEAD bytes ahead (blocks lie one after another) into L2, a pair's worth beside each pair
+      const uint8_t* ahead = wb + p0 * 2 * QUADS * 32 + PF_AHEAD;
+      for (int j = 0; j < np; ++j) {
+        if (ahead + (j + 1) * 2 * QUADS * 32 <= w_end)
+          for (int o = 0; o < 2 * QUADS * 32; o += 64) _mm_prefetch((const char*)(ahead + j * 2 * QUADS * 32 + o), _MM_HINT_T1);
+        for (int h = 0; h < 2 && 2 * (p0 + j) + h < G; ++h)
+          unpack_group(wb + (2 * (p0 + j) + h) * QUADS * 32, wt[j] + h * QUADS * 64);
+      }
+      const int8_t* xc = xd + (ch * P + p0) * 2 * R * 64;
+      for (int j = 0; j < np; ++j) {
+        if (j % 2 == 0) pair_sums0(wt[j], xc + j * 2 * R * 64, c[j]);
+        else pair_sums1(wt[j], xc + j * 2 * R * 64, c[j]);
+      }
+      for (int j = 0; j < np; ++j)
+        for (int h = 0; h < 2; ++h) {
+          const int64_t g = 2 * (p0 + j) + h;
+          if (g >= G) break;
+          const uint16_t* sg = sb + g * 2 * NBQ;                                  // 16 scales, then 16 minimums
+          const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)sg));
+          const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sg + NBQ)));
+          const int32_t* cg = c[j] + h * R * NBQ;
+          for (int r = 0; r < R; ++r) {
+            const __m512 c1 = _mm512_set1_ps(sxc[r * G + g]), c2 = _mm512_set1_ps(sxsumc[r * G + g]);
+            a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(cg + r * NBQ)), _mm512_mul_ps(sc, c1), a[r]);
+            a[r] = _mm512_fmadd_ps(lo, c2, a[r]);
+          }
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + (ch * R + r) * NBQ, a[r]);
+  }
+}
+
+// gemm() on the tile unit. xq, sx and sxsum hold amx_chunks(M) * amx_chunk_rows(M) rows (those past M zero).
+static void gemm_amx(const int8_t* xq, const float* sx, const float* sxsum, int64_t M, int64_t K,
+                     const uint8_t* wp, const uint16_t* sp, int64_t N, const float* bias, void* y, bool out_bf16) {
+  const int64_t n_blocks = (N + NBQ - 1) / NBQ, G = K / GROUP, n_chunks = amx_chunks(M);
+  const int R = amx_chunk_rows(M);
+  const std::vector<int8_t> xd = pair_rows(xq, n_chunks, R, K);
+  decltype(&block_amx<1>) block = nullptr;
+  switch (R) {
+    case 1: block = block_amx<1>; break;
+    case 2: block = block_amx<2>; break;
+    case 3: block = block_amx<3>; break;
+    case 4: block = block_amx<4>; break;
+    case 5: block = block_amx<5>; break;
+    case 6: block = block_amx<6>; break;
+    case 7: block = block_amx<7>; break;
+    default: block = block_amx<8>; break;
+  }
+  at::parallel_for(0, n_blocks, 1, [&](int64_t b0, int64_t b1) {
+    configure_tiles(R);                                    // tile state is per thread
+    std::vector<float> acc(n_chunks * R * NBQ);
+    alignas(64) uint8_t wt[AGP][2 * QUADS * 64] = {};      // (an odd G's last pair: zero activations for its 2nd half)
+    alignas(64) int32_t c[AGP][2 * AMX_ROWS * NBQ];
+    for (int64_t b = b0; b < b1; ++b) {
+      block(xd.data(), sx, sxsum, n_chunks, K, wp + b * (K / 4) * 32, sp + b * G * 2 * NBQ, wp + b1 * (K / 4) * 32,
+            wt, c, acc.data());
+      const int64_t n0 = b * NBQ;
+      store_block(acc.data(), M, NBQ, n0, std::min<int64_t>(NBQ, N - n0), bias, y, N, out_bf16);
+    }
+    _tile_release();
+  });
+}
+#endif
+
+static bool amx_on = true;          // int4_use_amx(false): every call on the vector code (to compare the two)
+
+// whether a call of M rows runs on the tile unit
+static bool use_amx(int64_t M) {
+#if LK4_AMX
+  return amx_on && M >= 2 && amx_allowed();
+#else
+  (void)M;
+  return false;
+#endif
+}
+
 }  // namespace lk4
 
 at::Tensor fp32_bias(const c10::optional<at::Tensor>& bias, int64_t N, const char* op);   // linear.cpp
@@ -195,15 +404,35 @@ at::Tensor int4_linear(at::Tensor x, at::Tensor wp, at::Tensor sp, int64_t N,
   auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const int64_t G = K / lk4::GROUP;
-  std::vector<int8_t> xq(M * K);
-  std::vector<float> sx(M * G), sxsum(M * G);
+  const bool amx = lk4::use_amx(M);
+#if LK4_AMX
+  const int64_t rows = amx ? lk4::amx_chunks(M) * lk4::amx_chunk_rows(M) : M;   // the tile unit's chunks, padded
+#else
+  const int64_t rows = M;
+#endif
+  std::vector<int8_t> xq(rows * K, 0);
+  std::vector<float> sx(rows * G, 0.f), sxsum(rows * G, 0.f);
   if (x.scalar_type() == at::kFloat)
     lk4::quantize_rows(x.data_ptr<float>(), M, K, xq.data(), sx.data(), sxsum.data());
   else
     lk4::quantize_rows(x.data_ptr<at::BFloat16>(), M, K, xq.data(), sx.data(), sxsum.data());
-  lk4::gemm(xq.data(), sx.data(), sxsum.data(), M, K, wp.data_ptr<uint8_t>(), (const uint16_t*)sp.data_ptr(), N, b,
-            y.data_ptr(), x.scalar_type() == at::kBFloat16);
+  const bool out_bf16 = x.scalar_type() == at::kBFloat16;
+  const uint8_t* w = wp.data_ptr<uint8_t>();
+  const uint16_t* s = (const uint16_t*)sp.data_ptr();
+#if LK4_AMX
+  if (amx) {
+    lk4::gemm_amx(xq.data(), sx.data(), sxsum.data(), M, K, w, s, N, b, y.data_ptr(), out_bf16);
+    return y;
+  }
+#endif
+  lk4::gemm(xq.data(), sx.data(), sxsum.data(), M, K, w, s, N, b, y.data_ptr(), out_bf16);
   return y;
 }
 
 bool int4_vnni() { return lk4::VNNI; }
+bool int4_amx() { return lk4::use_amx(2); }
+bool int4_use_amx(bool on) {
+  const bool was = lk4::amx_on;
+  lk4::amx_on = on;
+  return was;
+}

@@ -9,6 +9,8 @@ int64_t block_columns();
 torch::Tensor int4_linear(torch::Tensor x, torch::Tensor wp, torch::Tensor sp, int64_t N,
                           c10::optional<torch::Tensor> bias);
 bool int4_vnni();
+bool int4_amx();
+bool int4_use_amx(bool on);
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
                                double scale);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
@@ -23,6 +25,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_columns", &block_columns, "output columns per packed weight block");
   m.def("int4_linear", &int4_linear, "y (M, N) = x (M, K) W^T + b with W packed as 4-bit groups (pack_int4)");
   m.def("int4_vnni", &int4_vnni, "whether int4_linear uses VNNI dot products (vpdpbusd)");
+  m.def("int4_amx", &int4_amx, "whether int4_linear runs calls of 2+ rows on AMX tiles (tdpbsud)");
+  m.def("int4_use_amx", &int4_use_amx, "allow (True) or forbid int4_linear the AMX tiles; returns the setting before");
   m.def("decode_attention", &decode_attention, "per-row attention of T queries over a KV cache");
   m.def("rms_norm", &rms_norm, "weight * x / rms(x), rounding as model.RMSNorm does");
   m.def("rope", &rope, "rotary position embedding of (B, H, T, hd)");
