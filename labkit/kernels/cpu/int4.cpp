@@ -43,7 +43,9 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
+#include "vec.h"
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
 #define LK4_AMX 1
 #include <sys/syscall.h>
@@ -79,13 +81,6 @@ static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
 #endif
 }
 
-#if defined(__AVX512F__)
-static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 load16(const c10::BFloat16* p) {              // bf16 -> fp32: the bits, 16 places left
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-#endif
-
 // Each row's activations, quantized: xq (M, K) int8, per group sx and sx * sum(xq) (M, K/32) fp32.
 template <typename T>
 static void quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* sx, float* sxsum) {
@@ -94,7 +89,9 @@ static void quantize_rows(const T* x, int64_t M, int64_t K, int8_t* xq, float* s
     for (int64_t i = i0; i < i1; ++i) {
 #if defined(__AVX512F__)
       // the loop below, 16 lanes at a time (the same arithmetic: cvtps rounds half to even as nearbyint does)
-      const __m512 x0 = load16(x + i * GROUP), x1 = load16(x + i * GROUP + 16);
+      using raw = std::conditional_t<sizeof(T) == 2, uint16_t, float>;        // bf16 as its bits, as vec.h reads it
+      const raw* xr = (const raw*)x + i * GROUP;
+      const __m512 x0 = lk::vload_as(xr), x1 = lk::vload_as(xr + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
       const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
       const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
