@@ -40,9 +40,9 @@ def draft_window(text: str) -> int | str | None:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a number of tokens >= 1 or 'all', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"takes a number of tokens >= 1, 'all' or 'auto', got {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"takes a number of tokens >= 1 or 'all', got {text!r}")
+        raise argparse.ArgumentTypeError(f"takes a number of tokens >= 1, 'all' or 'auto', got {text!r}")
     return value
 
 
@@ -58,12 +58,13 @@ def concrete_dtype(a) -> str:
     return resolve_dtype(a.dtype, check_load_args(a.dtype, a.backend, a.device)[0])
 
 
-def resolve_window(window: int | str | None, device: str, loop: str) -> int | None:
+def resolve_window(window: int | str | None, device: str, loop: str) -> int | str | None:
     """--draft-window auto: the whole context where the compiled loops run (their draft reads it all, and a GPU
-    reads a long prompt in one fast prefill), DEFAULT_WINDOW tokens on the eager loop (a CPU's draft prefill)."""
+    reads a long prompt in one fast prefill); on the eager loop "auto" stays, chosen per prompt from this machine's
+    costs (drafters/window.py: the whole context where the draft reads it cheaply, DEFAULT_WINDOW tokens else)."""
     if window != "auto":
         return window
-    return None if compiled_bound(device, loop) else DEFAULT_WINDOW
+    return None if compiled_bound(device, loop) else "auto"
 
 
 def add_model_args(p, default_dtype: str = "auto") -> None:
@@ -82,7 +83,8 @@ def add_model_args(p, default_dtype: str = "auto") -> None:
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when a GPU is present")
     p.add_argument("--draft-window", type=draft_window, default="auto", metavar="N|all|auto",
                    help=f"tokens of the context the draft model reads besides its first 4 ('all': the whole context; "
-                        f"auto: {DEFAULT_WINDOW} on the eager loop, all on the compiled one); the target always reads "
+                        f"auto: all on the compiled loop; on the eager one all where this machine's draft reads the prompt "
+                        f"cheaply enough for the answer's length, else {DEFAULT_WINDOW}); the target always reads "
                         "everything, so the output is the same")
     p.add_argument("--loop", default="auto", choices=LOOPS,
                    help="auto: the compiled loop on a GPU (static caches, torch.compile, CUDA graphs) where it takes "
@@ -204,12 +206,16 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     return text
 
 
-def make_drafter(kind: str, draft_model=None, eos_token_ids=(), window: int | None = None):
+def make_drafter(kind: str, draft_model=None, eos_token_ids=(), window: int | str | None = None, target_model=None,
+                 max_new_tokens: int = 64):
     """The drafter of --drafter (eos_token_ids: the draft stops drafting at them; () where the compiled loop runs,
-    whose draft drafts every token)."""
+    whose draft drafts every token; window "auto": measured against target_model, for answers of max_new_tokens)."""
     from .drafters import DraftModelDrafter, PromptLookupDrafter
+    from .drafters.window import AutoWindow, WindowCosts
     if kind == "lookup":
         return PromptLookupDrafter()
+    if window == "auto":
+        window = AutoWindow(WindowCosts.measure(target_model, draft_model), max_new_tokens, DEFAULT_WINDOW)
     return DraftModelDrafter(draft_model, eos_token_ids=eos_token_ids, window=window)
 
 
@@ -251,7 +257,7 @@ def cmd_generate(a) -> int:
             draft = load_draft(a.draft, target, a.draft_precision, a.backend, a.max_seq_len, progress=not a.json)
         compiled = compiled_bound(a.device, a.loop)
         drafter = make_drafter(a.drafter, draft.model if draft else None, () if compiled else target.eos_token_ids,
-                               resolve_window(a.draft_window, a.device, a.loop))
+                               resolve_window(a.draft_window, a.device, a.loop), target.model, a.max_new_tokens)
     out, (loop, why) = decode(target.model, drafter, prompt, a.max_new_tokens, policy, sampling,
                               target.eos_token_ids, a.seed, loop=a.loop)
     show(a, out, target, draft, prompt, f"{loop} loop ({why})", {"drafter": a.drafter, "gamma": a.gamma,

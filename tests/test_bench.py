@@ -281,14 +281,15 @@ def test_resume_after_kill_redoes_nothing(pair, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run_bench(config, progress=False)
     first = [r for r in read_results(tmp_path / "results.jsonl") if "method" in r]
-    assert [(r["question_id"], r["method"]) for r in first] == [
-        ("tiny-code", "ar"), ("tiny-code", "draft"), ("tiny-code", "lookup"), ("tiny-rag", "ar"), ("tiny-rag", "draft")]
+    assert [(r["question_id"], r["method"]) for r in first] == [      # the second question's order is rotated
+        ("tiny-code", "ar"), ("tiny-code", "draft"), ("tiny-code", "lookup"), ("tiny-rag", "draft")]
     with (tmp_path / "results.jsonl").open("a") as f:
         f.write('{"run": "cut short by a ki')                          # a line a kill left half-written
     monkeypatch.undo()
     run_bench(config, progress=False)
     second = [r for r in read_results(tmp_path / "results.jsonl") if "method" in r]
-    assert second[:5] == first and [(r["question_id"], r["method"]) for r in second[5:]] == [("tiny-rag", "lookup")]
+    assert second[:4] == first and [(r["question_id"], r["method"]) for r in second[4:]] == [("tiny-rag", "lookup"),
+                                                                                              ("tiny-rag", "ar")]
     _, records = load_run(tmp_path / "results.jsonl")
     assert len(records) == 6
     n_lines = len((tmp_path / "results.jsonl").read_text().splitlines())
@@ -364,3 +365,14 @@ def test_the_unit_tier_covers_every_method_without_a_head_or_a_peer():
     assert {"ar", "draft", "lookup", "suffix", "lookahead", "layer-skip"} <= set(UNIT_METHODS)
     rest = set(METHODS) - set(UNIT_METHODS)
     assert all(METHODS[n].needs - {"draft"} for n in rest), "the others need heads, a peer or a second tokenizer"
+
+
+def test_the_method_order_rotates_from_question_to_question():
+    """No method always runs first: over as many questions as methods, each runs once in every position."""
+    from labkit.bench.runner import rotated
+    methods = ["ar", "draft", "lookup"]
+    orders = [rotated(methods, i) for i in range(6)]
+    assert orders[:3] == [["ar", "draft", "lookup"], ["draft", "lookup", "ar"], ["lookup", "ar", "draft"]]
+    assert orders[3:] == orders[:3]
+    assert all(sorted(o) == sorted(methods) for o in orders)
+    assert rotated([], 4) == []

@@ -128,6 +128,24 @@ def test_cost_aware_gamma_stops_drafting_when_it_does_not_pay_and_probes_with_ba
     assert drafts[:5] == [0, 1, 6, 15, 32], f"drafts at steps {drafts}: 4, 8, 16 plain steps between probes"
 
 
+def test_cost_aware_gamma_drafts_only_where_it_beats_plain_decoding_by_the_margin():
+    """Half the drafts accepted at γ = 1 (1.5 tokens a step), plain and γ = 1 steps both timed, priced 3% and 10%
+    faster than plain decoding: the 3% draft is within the 5% margin (plain steps), the 10% one drafts; margin 0
+    drafts both."""
+    def best(gain: float, **kw) -> int:
+        policy = CostAwareGamma(start=1, max_gamma=1, warmup=0, **kw)
+        for i in range(12):
+            g = i % 2
+            verify = 0.1 if g == 0 else 1.5 * 0.1 / (1 + gain)
+            policy.update(synthetic_step(g, (i // 2) % 2 if g else 0, draft_per_token=0.0, verify=verify))
+        return policy._best()
+    assert best(0.03) == 0
+    assert best(0.10) == 1
+    assert best(0.03, margin=0.0) == 1
+    with pytest.raises(ValueError, match="margin"):
+        CostAwareGamma(margin=-0.1)
+
+
 def test_cost_aware_gamma_drafts_long_when_verify_is_flat_and_drafts_are_good():
     policy = CostAwareGamma(start=2, warmup=3)
     for _ in range(10):
@@ -186,3 +204,36 @@ def test_a_windowed_draft_reads_the_sinks_and_the_last_tokens_and_stays_exact(ti
     with pytest.raises(ValueError, match="drafts one sequence at a time"):
         from labkit.decoding.batched import batched_speculative_generate
         batched_speculative_generate(tiny_target, DraftModelDrafter(tiny_draft, window=8), [prompt], 4)
+
+
+def test_the_auto_window_reads_the_whole_prompt_where_this_machine_reads_it_cheaply_enough(tiny_target, tiny_draft):
+    """AutoWindow: the whole context while the extra reading costs at most SAVING target steps per new token, the
+    window past that; a drafter given one reads as it chooses, prompt by prompt, and stays exact."""
+    from labkit.drafters.window import SAVING, AutoWindow, WindowCosts
+    costs = WindowCosts(draft_seconds_per_token=0.001, target_step_seconds=0.1)
+    auto = AutoWindow(costs, new_tokens=64, window=16)
+    budget = SAVING * 64 * 0.1                                               # 1.92 s: 1920 extra tokens
+    assert auto.budget_seconds() == pytest.approx(budget)
+    longest = auto.longest_whole_prompt()
+    assert longest == 1920 + 16 + 4
+    assert auto.choose(longest) is None and auto.choose(longest + 1) == 16
+    assert AutoWindow(costs, new_tokens=8, window=16).choose(400) == 16, "a short answer does not earn the read back"
+    assert AutoWindow(WindowCosts(0.01, 0.1), 64, 16).choose(400) == 16, "a draft 10x dearer to read: the window"
+    assert "prompts up to 1940 tokens" in auto.describe()
+    with pytest.raises(ValueError, match="new_tokens must be an integer >= 1"):
+        AutoWindow(costs, new_tokens=0)
+
+    prompt = torch.arange(3, 3 + 120) % 90                                   # (120,)
+    ref = autoregressive_generate(tiny_target, prompt, 40)
+    for draft_cost, read in ((1e-6, None), (1.0, 16)):
+        drafter = DraftModelDrafter(tiny_draft, window=AutoWindow(WindowCosts(draft_cost, 0.01), 40, window=16))
+        fed = []
+        hook = tiny_draft.register_forward_pre_hook(lambda mod, args: fed.append(args[0].shape[1]))
+        try:
+            out = speculative_generate(tiny_target, drafter, prompt, 40, gamma=3)
+        finally:
+            hook.remove()
+        assert drafter.window == read and out.tokens == ref.tokens
+        assert fed[0] == (119 if read is None else 4 + 16), f"the first draft forward read {fed[0]} tokens"
+    measured = WindowCosts.measure(tiny_target, tiny_draft, context=32, repeats=1)
+    assert measured.draft_seconds_per_token > 0 and measured.target_step_seconds > 0

@@ -63,11 +63,28 @@ def test_steep_verify_cost_keeps_the_tree_small_or_drafts_nothing():
     assert set(exploiting) == {1}          # each node costs most of a step and pays two thirds of a token
     assert chosen[8] == chosen[16] == 2    # every 8th step explores twice the best, not the dear largest tree
     # plain steps allowed (the default): one node yields 1.67 tokens in 0.22 s (7.6 tok/s), a plain step 1 token
-    # in 0.12 s (8.3 tok/s); so no draft, and every 8th step still tries one node
-    chosen = feed(CostAwareBudget(max_budget=32, explore_every=8), steep)
-    exploiting = [n for i, n in enumerate(chosen) if i > 8 and i % 8]
-    assert chosen[:2] == [32, 0] and set(exploiting) == {0}
-    assert chosen[8] == chosen[16] == 1
+    # in 0.12 s (8.3 tok/s); so no draft, and one node is tried at step 8, then 16 steps later (a backoff)
+    chosen = feed(CostAwareBudget(max_budget=32, explore_every=8), steep, n_steps=60)
+    assert chosen[:2] == [32, 0]
+    assert [i for i, n in enumerate(chosen) if n and i >= 2] == [8, 24, 56]
+    assert chosen[8] == chosen[24] == chosen[56] == 1
+
+
+def test_exploring_backs_off_while_plain_steps_stay_best_and_resumes_its_pace_once_drafting_pays():
+    """A drafter that is never right for 40 steps, then right five nodes deep: the exploring steps come 8, 16
+    and 32 steps apart while nothing is accepted, every 8 steps again once trees pay."""
+    policy, chosen = CostAwareBudget(max_budget=16, explore_every=8, verify_curve=STEP_CURVE), []
+    for i in range(120):
+        n = policy.budget()
+        chosen.append(n)
+        path = [j for j in range(5) if j < n] if i >= 40 else []
+        policy.update(step(n, path, 0.1 * VerifyCurve(STEP_CURVE)(n + 1), draft=0.001 * n))
+    # with a measured curve one warmup step: the largest tree the curve prices at most 25% above a plain step
+    # (9 nodes: 10 tokens cost 1.2 steps on STEP_CURVE, 11 cost 1.3)
+    assert chosen[0] == 9
+    drafted = [i for i, n in enumerate(chosen) if n]
+    assert drafted[:4] == [0, 8, 24, 56], "while nothing is accepted, exploring steps come 8, 16, 32 steps apart"
+    assert all(n >= 5 for n in chosen[70:]), f"drafting resumed: {chosen[56:]}"
 
 
 def test_budget_zero_while_nothing_is_accepted_then_drafting_again_once_it_pays():
@@ -223,3 +240,22 @@ def test_without_a_curve_the_verify_time_is_a_decayed_line_never_falling():
     falling.add(2, 0.2)
     falling.add(8, 0.1)
     assert falling(64) == pytest.approx(falling(2)), "a slope below zero is read as flat"
+
+
+def test_a_tree_must_beat_a_plain_step_by_the_margin():
+    """One node kept every step: 2 tokens a step. Priced so that the tree is 3% faster than plain decoding, plain
+    steps win (within the 5% margin); priced 10% faster, the tree wins; with margin 0 the 3% tree wins too."""
+    def run(gain: float, **kw) -> list[int]:
+        policy, chosen = CostAwareBudget(max_budget=1, explore_every=100, **kw), []
+        plain = 0.1
+        for i in range(12):
+            n = policy.budget()
+            chosen.append(n)
+            seconds = plain if n == 0 else 2 * plain / (1 + gain)          # 2 tokens at (1 + gain) x plain's rate
+            policy.update(step(n, [0] if n else [], seconds))
+        return chosen[2:]
+    assert set(run(0.03)) == {0}
+    assert set(run(0.10)) == {1}
+    assert set(run(0.03, margin=0.0)) == {1}
+    with pytest.raises(ValueError, match="margin"):
+        CostAwareBudget(margin=1.5)

@@ -20,7 +20,9 @@ from ..decoding.compiled import MAX_GAMMA
 from ..decoding.loops import decode
 from ..decoding.speculative import Generation, speculative_generate
 from ..drafters import DraftModelDrafter, PromptLookupDrafter
+from ..drafters.draft_model import DEFAULT_WINDOW
 from ..drafters.suffix import SuffixDrafter
+from ..drafters.window import AutoWindow, WindowCosts
 from ..models.layer_skip import CALIBRATION_TOKENS
 
 BASELINE = "ar"             # every speedup is over this method, measured on the same question
@@ -49,11 +51,23 @@ class Models:
     hf_draft: torch.nn.Module | None = None
     timers: dict = field(default_factory=dict)   # hf module -> ForwardTimer
     draft_name: str | None = None        # the draft preset, for peers that load it themselves (llama.cpp)
-    draft_window: int | None = None      # tokens the draft model reads besides the sinks (None: the whole context)
+    draft_window: int | str | None = None   # tokens the draft model reads besides the sinks (None: the whole
+    #                                          context; "auto": per prompt, drafters.window.AutoWindow)
     cross_draft: object | None = None    # loading.LoadedModel of CROSS_DRAFT: a draft with its own tokenizer
     hf_cross: torch.nn.Module | None = None
     loop: str = "auto"                   # decoding.loops: auto = the compiled loop on a GPU where it takes a method
     layer_skip_tokens: int = CALIBRATION_TOKENS   # calibration tokens the layer-skip search reads (models.layer_skip)
+
+    window_costs: WindowCosts | None = None   # what the "auto" window weighs, measured on first use
+
+    def window(self, new_tokens: int) -> int | AutoWindow | None:
+        """The draft model's window for answers of up to `new_tokens` tokens (an AutoWindow for "auto"; the
+        whole context on the compiled loops, whose draft reads it all)."""
+        if self.draft_window != "auto" or self.compiled:
+            return None if self.draft_window == "auto" else self.draft_window
+        if self.window_costs is None:
+            self.window_costs = WindowCosts.measure(self.target.model, self.draft.model)
+        return AutoWindow(self.window_costs, new_tokens, DEFAULT_WINDOW)
 
     @property
     def compiled(self) -> bool:
@@ -84,7 +98,8 @@ def _autoregressive(m: Models, n: int, gamma: int, lookup_tokens: int):
     return lambda ids: from_generation(decode(m.target.model, None, ids, n, eos_token_ids=eos, loop=m.loop)[0])
 
 
-def _speculative(drafter: Callable[[Models], object], policy: Callable[[int], int | GammaPolicy]):
+def _speculative(drafter: Callable[[Models, int], object], policy: Callable[[int], int | GammaPolicy]):
+    """A chain drafter, made per question by `drafter(models, max_new_tokens)`, with the γ (policy) of `policy`."""
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
         eos = m.target.eos_token_ids
 
@@ -92,18 +107,18 @@ def _speculative(drafter: Callable[[Models], object], policy: Callable[[int], in
             # an adaptive γ drafts at most the compiled verify's 8 tokens where the compiled loop runs
             capped = m.compiled and isinstance(policy, type) and issubclass(policy, GammaPolicy)
             chosen = policy(gamma, max_gamma=MAX_GAMMA) if capped else policy(gamma)
-            return from_generation(decode(m.target.model, drafter(m), ids, n, chosen, eos_token_ids=eos,
+            return from_generation(decode(m.target.model, drafter(m, n), ids, n, chosen, eos_token_ids=eos,
                                           loop=m.loop)[0])
         return run
     return build
 
 
-def _draft_model(m: Models):
+def _draft_model(m: Models, n: int):
     return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
-                             window=m.draft_window)
+                             window=m.window(n))
 
 
-def _draft_model_whole(m: Models):
+def _draft_model_whole(m: Models, n: int):
     """The draft model reading the whole context, whatever the run's window: what a window saves is measured."""
     return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids)
 
@@ -111,23 +126,23 @@ def _draft_model_whole(m: Models):
 CROSS_DRAFT = "smollm2-135m-instruct"         # a draft with a tokenizer of its own (49,152 tokens)
 
 
-def _cross_tokenizer(m: Models):
+def _cross_tokenizer(m: Models, n: int):
     from ..drafters.cross_tokenizer import CrossTokenizerDrafter
     return CrossTokenizerDrafter(m.cross_draft.model, m.cross_draft.tokenizer, m.target.tokenizer)
 
 
-def _token_intersection(m: Models):
+def _token_intersection(m: Models, n: int):
     from ..drafters.cross_tokenizer import TokenIntersectionDrafter
     return TokenIntersectionDrafter(m.cross_draft.model, m.cross_draft.tokenizer, m.target.tokenizer)
 
 
-def _lookup(m: Models):
+def _lookup(m: Models, n: int):
     return PromptLookupDrafter()
 
 
 def _suffix(remember: bool, spec_factor: float = 2.0):
     """Suffix decoding; remember=True also indexes the answers to the earlier questions of the same run."""
-    return lambda m: SuffixDrafter(spec_factor=spec_factor, remember=remember)
+    return lambda m, n=None: SuffixDrafter(spec_factor=spec_factor, remember=remember)
 
 
 def _lookahead(window: int, ngram: int, max_verify: int, from_prompt: bool = False):

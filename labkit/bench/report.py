@@ -243,15 +243,25 @@ def _ran_on(meta: dict) -> str:
             + (f"Load average at the start: {load[0]:.2f}. " if load else ""))
 
 
+def _window_sentence(meta: dict) -> str:
+    """How much of the context the draft model read (older runs: all of it, or a fixed window)."""
+    window = meta.get("draft_window")
+    if window == "auto":
+        rule = meta.get("window_rule")
+        return f"; {rule['describe']}" if rule else ""
+    return f"; the draft model reads the context's first 4 tokens and its last {window}" if window else ""
+
+
 def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str = "") -> str:
     """The Markdown report: settings and definitions, the table, and every output that parts from its reference."""
     lines = [f"# labkit bench: {Path(meta['questions']).name}", "",
              f"Measured {meta['date']} on {meta['machine']}; target `{meta['target']}`, draft `{meta['draft']}`, "
              f"{meta['dtype']}, greedy, max_new_tokens={meta['max_new_tokens']}, γ={meta['gamma']}"
-             + (f"; the draft model reads the context's first 4 tokens and its last {meta['draft_window']}"
-                if meta.get("draft_window") else "") + ". "
-             + _ran_on(meta) + "Every ratio compares methods run back to back on the same question, which "
-             "cancels slow drift, not bursts." + (f" {note}" if note else ""), "",
+             + _window_sentence(meta) + ". "
+             + _ran_on(meta) + "Every ratio compares methods run back to back on the same question"
+             + (", in an order rotated from one question to the next (no method always runs first)"
+                if meta.get("method_order") == "rotated" else "")
+             + ", which cancels slow drift, not bursts." + (f" {note}" if note else ""), "",
              "Definitions: *tok/s* = new tokens / wall seconds (prefill included; for llama.cpp its own clocks, "
              "which leave out its process start and model load), summed over the questions; "
              "*× AR* = tok/s over labkit autoregressive's on the same questions; *× own* = tok/s over the plain "

@@ -20,7 +20,6 @@ from tqdm import tqdm
 
 from ..core.textfile import writable_dir
 from ..decoding.loops import LOOPS
-from ..drafters.draft_model import DEFAULT_WINDOW
 from ..models.layer_skip import CALIBRATION_TOKENS
 from .methods import (
     CROSS_DRAFT,
@@ -55,7 +54,8 @@ class BenchConfig:
     backend: str = "auto"              # labkit's forward path (checks.BACKENDS); auto: calibrated
     device: str = "auto"
     draft_precision: str = "auto"      # the draft model's weights (loading.draft_precision)
-    draft_window: int | None = DEFAULT_WINDOW   # tokens the draft model reads besides the sinks (None: all)
+    draft_window: int | str | None = "auto"  # tokens the draft model reads besides the sinks (None: all; "auto":
+    #                                            the whole context where this machine reads it cheaply, drafters/window.py)
     loop: str = "auto"                 # decoding.loops: auto = the compiled loop on a GPU, eager elsewhere
     layer_skip_tokens: int = CALIBRATION_TOKENS   # calibration tokens the layer-skip search reads
 
@@ -72,8 +72,8 @@ class BenchConfig:
                              f"got {self.layer_skip_tokens}")
         if self.loop not in LOOPS:
             raise ValueError(f"--loop must be one of {', '.join(LOOPS)}, got {self.loop!r}")
-        if self.draft_window is not None and self.draft_window < 1:
-            raise ValueError(f"--draft-window must be >= 1 (or 'all'), got {self.draft_window}")
+        if self.draft_window not in (None, "auto") and (not isinstance(self.draft_window, int) or self.draft_window < 1):
+            raise ValueError(f"--draft-window must be a number of tokens >= 1, 'all' or 'auto', got {self.draft_window!r}")
 
     @property
     def run_key(self) -> str:
@@ -213,7 +213,8 @@ def run_bench(config: BenchConfig, models: Models | None = None, progress: bool 
     questions = read_questions(config.questions, config.categories, config.limit)
     path = output_dir(config.out) / RESULTS
     done = done_pairs(read_results(path), config.run_key)
-    todo = [(q, [m for m in config.methods if (q.question_id, q.sha, m) not in done]) for q in questions]
+    todo = [(q, [m for m in rotated(config.methods, i) if (q.question_id, q.sha, m) not in done])
+            for i, q in enumerate(questions)]
     todo = [(q, ms) for q, ms in todo if ms]
     if not todo:
         if progress:
@@ -254,10 +255,22 @@ def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[str]]], pa
     bar.close()
 
 
+def rotated(methods: list[str], i: int) -> list[str]:
+    """The i-th question's order: the methods rotated by i, so that no method always runs first (or right after
+    the same one) and a drift within a question's runs falls on every method alike."""
+    k = i % len(methods) if methods else 0
+    return methods[k:] + methods[:k]
+
+
 def _meta(config: BenchConfig, models: Models) -> dict:
     from ..models.calibrate import run_facts
     facts = run_facts(models.target, models.draft)
-    return {**asdict(config), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    rule = {}
+    if config.draft_window == "auto" and models.draft is not None:
+        auto = models.window(config.max_new_tokens)
+        rule = {"window_rule": {"describe": auto.describe(), "longest_whole_prompt": auto.longest_whole_prompt(),
+                                **asdict(auto.costs)}}
+    return {**asdict(config), **rule, "method_order": "rotated", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{facts['cpu']} ({facts['isa']}), {platform.machine()}, {config.threads} threads, "
                        f"torch {torch.__version__}",
             "ran_on": facts, "load_average_at_start": [round(x, 2) for x in os.getloadavg()],

@@ -125,20 +125,30 @@ class VerifyTime:
         return st / w + slope * (n_tokens - sn / w)
 
 
+# How much faster than plain decoding drafting must be expected to be before the cost-aware policies draft: a
+# step's time varies by a few percent on a shared CPU, and a loop's own bookkeeping is not in the estimate, so a
+# smaller expected gain is as likely a loss.
+MARGIN = 0.05
+
+
 class CostAwareGamma(GammaPolicy):
     """Ours: pick γ maximising expected tokens per second from what this run has measured.
 
     α is a decayed maximum-likelihood estimate (accepted / (accepted + rejections)); the
     draft step time and a linear verify-time model t(n) = a + b·n are fitted from the trace.
-    γ = 0 is a choice too (plain decoding through the same loop) when no draft length beats one
-    target step per token; then every `probe_every` plain steps (doubling after each probe that
+    γ = 0 is a choice too (plain decoding through the same loop) when no draft length is expected to beat one
+    target step per token by `margin` (5%); then every `probe_every` plain steps (doubling after each probe that
     still says 0) one draft of the best length refreshes α, so drafting resumes where it pays.
     """
     name = "cost-aware"
 
     def __init__(self, start: int = 5, max_gamma: int = 16, decay: float = 0.9, warmup: int = 3,
-                 probe_every: int = 8):
+                 probe_every: int = 8, margin: float = MARGIN):
+        """margin: how much faster than plain decoding a draft must be expected to be before a step drafts."""
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin is a relative gain in [0, 1) (0.05: 5%), got {margin!r}")
         self.k, self.max_gamma, self.decay, self.warmup = check_gamma(start), check_gamma(max_gamma), decay, warmup
+        self.margin = margin
         self.probe_every = self.interval = check_gamma(probe_every)
         self.accepted = self.rejected = 0.0
         self.draft_time = self.draft_tokens = 0.0
@@ -168,7 +178,9 @@ class CostAwareGamma(GammaPolicy):
         return expected_tokens(alpha, g) / (g * t_draft + max(1e-9, self.verify_time(g + 1)))
 
     def _best(self) -> int:
-        return max(range(0, self.max_gamma + 1), key=self.tokens_per_second)
+        """The γ with the most expected tokens per second; a draft only where it beats plain decoding by margin."""
+        best = max(range(0, self.max_gamma + 1), key=self.tokens_per_second)
+        return 0 if self.tokens_per_second(best) < (1 + self.margin) * self.tokens_per_second(0) else best
 
     def gamma(self) -> int:
         if self.n_steps < self.warmup:

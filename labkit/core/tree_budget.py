@@ -20,15 +20,20 @@ expected tokens per second:
   charges every node the average slope, and so keeps trees smaller than the flat stretch).
 
 Budget 0 is a choice too: a plain step (no drafting; the target's one token), chosen when no
-tree is expected to commit tokens faster than plain decoding does, as on text the drafter cannot
-guess; its cost is the measured one-token verify and its yield one token, so drafting stops
-where it would lose. The first steps verify the largest tree and the smallest (budget 0 by
-default: two sizes for the cost line), and every `explore_every`-th step verifies a larger tree:
-twice the best budget so far (at least one node), or the largest whose fitted verify costs at
-most 25% more than the best's. So the estimate for larger trees stays fresh, a budget that pays
-can keep growing, drafting resumes once the exploring steps see it pay again (a loss bounded by
-one exploring step in `explore_every`), and where large verifies are dear (on a CPU a 64-node
-verify can cost four one-token steps) exploring does not pay for the largest.
+tree is expected to commit tokens at least `margin` (5%) faster than plain decoding does, as on
+text the drafter cannot guess (a smaller expected gain is within what a step's time varies on a
+CPU, and the loop's own bookkeeping is not in the estimate); its cost is the measured one-token verify and its yield one token, so drafting stops
+where it would lose. The first step verifies the largest tree whose verify the machine's curve
+prices at most 25% above a plain step (at least one node; where verifying is flat, as on a GPU,
+the largest tree); without a curve, the first two verify the largest tree and the smallest (budget
+0 by default: two sizes for the cost line). Then every `explore_every`-th step verifies a larger
+tree: twice the best budget so far (at least one node), or the largest whose fitted verify costs
+at most 25% more than the best's. So the estimate for larger trees stays fresh, a budget that pays
+can keep growing, and drafting resumes once an exploring step sees it pay again. While plain steps
+stay best, the interval between exploring steps doubles after each one that does not change that
+(8, 16, 32, ... steps), as `CostAwareGamma` backs off its probes: on text the drafter cannot
+guess, the loss is a handful of cheap trees, not one step in eight. Where large verifies are dear
+(on a CPU a 64-node verify can cost four one-token steps) exploring does not pay for the largest.
 (Under sampling, acceptance along the path depends on the other nodes, and the counterfactual
 is an estimate.)
 """
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .adaptive import VerifyTime
+from .adaptive import MARGIN, VerifyTime
 from .trace import Step
 
 
@@ -61,48 +66,82 @@ class CostAwareBudget:
     name = "cost-aware"
 
     def __init__(self, max_budget: int = 64, min_budget: int = 0, window: int = 32, explore_every: int = 8,
-                 warmup: int = 2, verify_curve: dict[int, float] | None = None):
+                 warmup: int = 2, verify_curve: dict[int, float] | None = None, margin: float = MARGIN):
         """verify_curve: this machine's {tokens: t(tokens)/t(1)} (None: fit a line to the run's steps);
-        min_budget 0 lets a step be plain decoding (no draft) where drafting does not pay."""
+        min_budget 0 lets a step be plain decoding (no draft) where drafting does not pay; warmup: steps
+        alternating the largest and the smallest budget before any choice (without a curve; with one, a single
+        step of the largest tree the curve calls cheap); margin: how much faster than plain decoding a tree must be
+        expected to be before a step drafts one."""
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin is a relative gain in [0, 1) (0.05: 5%), got {margin!r}")
+        self.margin = margin
         if isinstance(max_budget, bool) or not isinstance(max_budget, int) or not 0 <= min_budget <= max_budget \
                 or max_budget < 1:
             raise ValueError(f"need integers 0 <= min_budget <= max_budget, max_budget >= 1, got {min_budget}, "
                              f"{max_budget}")
+        if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 1:
+            raise ValueError(f"explore_every must be an integer >= 1 (steps between exploring steps), "
+                             f"got {explore_every!r}")
         self.max_budget, self.min_budget = max_budget, min_budget
-        self.explore_every, self.warmup = explore_every, warmup
-        self.history: deque[tuple[int, int, list[int]]] = deque(maxlen=window)   # (budget, nodes, accepted path)
         self.verify = VerifyTime(verify_curve, decay=0.95)
+        self.explore_every = self.interval = explore_every
+        self.warmup = min(warmup, 1) if verify_curve else warmup
+        self.history: deque[tuple[int, int, list[int]]] = deque(maxlen=window)   # (budget, nodes, accepted path)
         self.draft_seconds = 0.0
         self.n_steps = self.n_drafted = 0
+        self.next_explore = explore_every      # the step that explores next
+        self.exploring = False
         self.last = max_budget
 
     def budget(self) -> int:
         """The budget for the next step."""
-        if self.n_steps < self.warmup:                      # the largest tree and the smallest: two sizes to fit
-            self.last = self.max_budget if self.n_steps % 2 == 0 else self.min_budget
-        else:
-            rates = {n: tokens / seconds for n, tokens, seconds in self.estimates() if n >= self.min_budget}
-            best = max(rates, key=rates.get) if rates else self.max_budget
-            self.last = self.explore_budget(best) if self.n_steps % self.explore_every == 0 else best
+        self.exploring = False
+        if self.n_steps < self.warmup:
+            if self.warmup == 1:                            # a measured curve: one size is enough to scale it
+                self.last = self.explore_budget(self.min_budget)
+            else:                                           # the largest tree and the smallest: two sizes to fit
+                self.last = self.max_budget if self.n_steps % 2 == 0 else self.min_budget
+            return self.last
+        best = self.best()
+        self.exploring = self.n_steps >= self.next_explore
+        self.last = self.explore_budget(best) if self.exploring else best
         return self.last
+
+    def best(self) -> int:
+        """The budget with the most expected tokens per second, as the remembered steps say; a tree only where it
+        beats a plain step (when allowed) by `margin`."""
+        rates = {n: tokens / seconds for n, tokens, seconds in self.estimates() if n >= self.min_budget}
+        if not rates:
+            return self.max_budget
+        best = max(rates, key=rates.get)
+        return 0 if 0 in rates and rates[best] < (1 + self.margin) * rates[0] else best
+
+    def verify_cost(self, tokens: int) -> float:
+        """A verify of `tokens` tokens in this run's seconds, or in the curve's units before any step is timed."""
+        return self.verify(tokens) if self.verify.sums[0] else self.verify.curve(tokens)
 
     def explore_budget(self, best: int) -> int:
         """Twice the best budget (at least one node), or further while a verify costs at most 25% more than
         the best's."""
-        limit = 1.25 * self.verify(best + 1)
-        cheap = max(n for n in range(best, self.max_budget + 1) if n == best or self.verify(n + 1) <= limit)
+        limit = 1.25 * self.verify_cost(best + 1)
+        cheap = max(n for n in range(best, self.max_budget + 1) if n == best or self.verify_cost(n + 1) <= limit)
         return max(min(self.max_budget, max(1, 2 * best)), cheap)
 
     def update(self, step: Step) -> None:
-        """Learn from a verified step (its proposal, accepted path and timings); a plain step only times a verify."""
+        """Learn from a verified step (its proposal, accepted path and timings); a plain step only times a verify.
+        After an exploring step, the next is `explore_every` steps away, or twice as far as the last gap while
+        plain steps stay best."""
         nodes = len(step.proposed)
         self.verify.add(nodes + 1, step.verify_time)
         self.n_steps += 1
-        if self.last == 0:
-            return
-        self.history.append((self.last, nodes, list(step.path or [])))
-        self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * step.draft_time if self.n_drafted else step.draft_time
-        self.n_drafted += 1
+        if self.last > 0:
+            self.history.append((self.last, nodes, list(step.path or [])))
+            self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * step.draft_time if self.n_drafted \
+                else step.draft_time
+            self.n_drafted += 1
+        if self.exploring:
+            self.interval = self.interval * 2 if self.best() == 0 else self.explore_every
+            self.next_explore = self.n_steps - 1 + self.interval      # counted from the exploring step
 
     def estimates(self) -> list[tuple[int, float, float]]:
         """(n, expected tokens a step commits, expected seconds a step takes) for budgets n = 0, 1, 2, ... as far

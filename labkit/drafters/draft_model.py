@@ -12,7 +12,9 @@ positions, as StreamingLLM (Xiao et al. 2024) and TriForce (Sun et al. 2024) kee
 cache: its prefill and each step cost the same whatever the prompt's length. Once the tokens past
 the sinks reach 2W it starts a fresh window of the last W (one draft forward over W tokens, every
 W committed tokens). The target still verifies against the whole context, so the output is
-exactly the target's; only how often the draft is right can change.
+exactly the target's; only how often the draft is right can change. With `window=AutoWindow(...)`
+(drafters/window.py) the window is chosen per prompt from this machine's costs: the whole context
+where the draft reads it cheaply enough, the window where not.
 """
 from __future__ import annotations
 
@@ -21,10 +23,12 @@ import torch
 from ..core.sampling import SamplingConfig, draw
 from ..models.ragged_cache import RaggedCache, left_pad
 from .base import Drafter, Proposal, draft_chain
+from .window import AutoWindow
 
-# The window the lab's command line and benchmark draft with (a DraftModelDrafter made by hand reads the whole
-# context unless given one): read off the acceptance and speed against the window on long prompts, measured by
-# scripts/draft_window.py (data/bench/draft_window.md).
+# The window the lab's command line and benchmark fall back to where reading the whole prompt does not pay
+# (drafters/window.py decides per prompt; a DraftModelDrafter made by hand reads the whole context unless given
+# one): read off the acceptance and speed against the window on long prompts, measured by scripts/draft_window.py
+# (data/bench/draft_window*.md).
 DEFAULT_WINDOW = 64
 
 
@@ -33,11 +37,15 @@ class DraftModelDrafter(Drafter):
     best_first = True                   # a chain: its first n tokens are the chain it drafts with k = n
 
     def __init__(self, model, stop_below: float | None = None, eos_token_ids: tuple[int, ...] = (),
-                 window: int | None = None, sinks: int = 4):
+                 window: int | None | AutoWindow = None, sinks: int = 4):
         """`stop_below`: stop drafting early once the draft's own top probability drops below it.
-        `window`: the draft reads the first `sinks` tokens and the last `window` of the context (None: all of it)."""
+        `window`: the draft reads the first `sinks` tokens and the last `window` of the context (None: all of it;
+        an AutoWindow: chosen per prompt, see `start`)."""
         if stop_below is not None and not 0 <= stop_below < 1:
             raise ValueError(f"stop_below must be in [0, 1) or None, got {stop_below}")
+        self.auto = window if isinstance(window, AutoWindow) else None
+        if self.auto is not None:
+            window, sinks = self.auto.window, self.auto.sinks
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be an integer >= 1 (tokens the draft reads) or None for the whole "
                              f"context, got {window!r}")
@@ -54,8 +62,11 @@ class DraftModelDrafter(Drafter):
     @torch.no_grad()
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """Read the prompt but its last token (or, with a window, its sinks and last W) now, as the target
-        does: the draft's own prefill is counted with the prefill, not with the first step's drafting."""
+        does: the draft's own prefill is counted with the prefill, not with the first step's drafting. An
+        AutoWindow picks this prompt's window first (`self.window`: None when the draft reads it all)."""
         self.cache, self.skipped = self.model.new_cache(), 0
+        if self.auto is not None:
+            self.window = self.auto.choose(prompt_ids.numel())
         if prompt_ids.numel() > 1:
             self.model(self.unseen(prompt_ids[:-1])[None].to(self.model.device), self.cache, num_logits=1)
 
@@ -91,7 +102,7 @@ class DraftModelDrafter(Drafter):
     @torch.no_grad()
     def start_rows(self, prompts: list[torch.Tensor], max_len: int) -> None:
         """A cache for all rows, prefilled with each prompt but its last token (as the target's is)."""
-        if self.window is not None:
+        if self.window is not None or self.auto is not None:
             raise ValueError("a windowed draft (window=...) drafts one sequence at a time: batch it with "
                              "DraftModelDrafter(model, window=None)")
         self.rows_cache = RaggedCache(self.model, len(prompts), max_len)

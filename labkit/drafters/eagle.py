@@ -55,16 +55,18 @@ class EagleDrafter(Drafter):
 
     def start(self, prompt_ids, features=None):
         self.tokens = prompt_ids.tolist()
-        self.features = features.clone()                                                # (L, D) target features
+        self.pending = [features.clone()]          # target features the head has not read yet, (m, D) each
+        self.n_features = features.shape[0]        # L: every committed position's feature so far
         self.cache = self.head.new_cache(self.target.max_seq_len)
         self.n_pairs = 0                                                                # committed pairs in the head's cache
 
     def commit(self, n_cached, features=None):
-        self.features = torch.cat([self.features, features])                           # (L, D)
+        self.pending.append(features)              # kept until the next proposal reads them (no copy of them all)
+        self.n_features += features.shape[0]
 
     @torch.no_grad()
     def propose(self, tokens, budget, sampling, generator=None) -> Proposal:
-        L, dev = self.features.shape[0], self.target.device
+        L, dev = self.n_features, self.target.device
         if L == 0:                                                                     # a one-token prompt: no feature yet
             return Proposal.empty(tokens)
         # 1. Catch up on the committed pairs (f_t, x_{t+1}), t = n_pairs .. L-1, dropping last step's tree
@@ -72,7 +74,8 @@ class EagleDrafter(Drafter):
         if L > self.n_pairs:                                                           # (else: a second proposal)
             new = torch.arange(self.n_pairs, L)
             embeds = self.target.embed_tokens(tokens[new + 1].to(dev))                  # (m, D)
-            context = self.head.context(self.features[new])                              # (m, D)
+            context = self.head.context(torch.cat(self.pending))                       # (m, D) features n_pairs..L-1
+            self.pending = []
             self.f_next = self.head(context[None], embeds[None], self.cache)[0, -1]     # (D,) predicts x_{L+1}
             self.n_pairs = L
         f_hat = self.f_next
@@ -87,7 +90,7 @@ class EagleDrafter(Drafter):
         slot_of = torch.full((k,), -1)                                                 # (n_nodes,) tree slot of each fed node
         slot_parents = torch.empty(0, dtype=torch.long)                                # (n_fed,) parent slot of each tree slot
         n_nodes = k
-        for d in range(1, self.depth):
+        for d in range(1, min(self.depth, budget)):     # a tree of `budget` nodes is never deeper than that
             # feed the layer's pairs (feature that chose the node, node token) at position L-1+d, each
             # seeing the committed pairs, its ancestors' slots and itself: the fed nodes' tree mask
             parents = torch.cat(all_parents)                                           # (n_nodes,)
