@@ -83,9 +83,9 @@ def add_model_args(p, default_dtype: str = "auto") -> None:
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when a GPU is present")
     p.add_argument("--draft-window", type=draft_window, default="auto", metavar="N|all|auto",
                    help=f"tokens of the context the draft model reads besides its first 4 ('all': the whole context; "
-                        f"auto: all on the compiled loop; on the eager one all where this machine's draft reads the prompt "
-                        f"cheaply enough for the answer's length, else {DEFAULT_WINDOW}); the target always reads "
-                        "everything, so the output is the same")
+                        f"auto: all on the compiled loop; on the eager one all where this machine's draft reads "
+                        f"the prompt cheaply enough for the answer's length, else {DEFAULT_WINDOW}); the target "
+                        "always reads everything, so the output is the same")
     p.add_argument("--loop", default="auto", choices=LOOPS,
                    help="auto: the compiled loop on a GPU (static caches, torch.compile, CUDA graphs) where it takes "
                         "the request, else the eager one; eager: the readable reference loops; compiled: force it")

@@ -55,7 +55,8 @@ def run_one(target, draft, ids, window, gamma: int, n: int, costs: WindowCosts |
     out = speculative_generate(target.model, drafter, ids, n, gamma, eos_token_ids=target.eos_token_ids)
     t = out.trace
     proposed = sum(s.gamma for s in t.steps)
-    return {"window": window, "read": "all" if drafter.window is None else drafter.window, "tokens": out.tokens, "seconds": t.total_time, "prefill": t.prefill_time,
+    return {"window": window, "read": "all" if drafter.window is None else drafter.window,
+            "tokens": out.tokens, "seconds": t.total_time, "prefill": t.prefill_time,
             "draft": t.draft_time, "forwards": t.n_target_forwards,
             "accepted": sum(s.n_accepted for s in t.steps), "proposed": proposed}
 

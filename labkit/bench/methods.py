@@ -63,8 +63,10 @@ class Models:
     def window(self, new_tokens: int) -> int | AutoWindow | None:
         """The draft model's window for answers of up to `new_tokens` tokens (an AutoWindow for "auto"; the
         whole context on the compiled loops, whose draft reads it all)."""
-        if self.draft_window != "auto" or self.compiled:
-            return None if self.draft_window == "auto" else self.draft_window
+        if self.draft_window != "auto":
+            return self.draft_window
+        if self.compiled:
+            return None
         if self.window_costs is None:
             self.window_costs = WindowCosts.measure(self.target.model, self.draft.model)
         return AutoWindow(self.window_costs, new_tokens, DEFAULT_WINDOW)
@@ -142,7 +144,7 @@ def _lookup(m: Models, n: int):
 
 def _suffix(remember: bool, spec_factor: float = 2.0):
     """Suffix decoding; remember=True also indexes the answers to the earlier questions of the same run."""
-    return lambda m, n=None: SuffixDrafter(spec_factor=spec_factor, remember=remember)
+    return lambda m, n=None: SuffixDrafter(spec_factor=spec_factor, remember=remember)   # chain or tree loop
 
 
 def _lookahead(window: int, ngram: int, max_verify: int, from_prompt: bool = False):

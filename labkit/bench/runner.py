@@ -54,8 +54,8 @@ class BenchConfig:
     backend: str = "auto"              # labkit's forward path (checks.BACKENDS); auto: calibrated
     device: str = "auto"
     draft_precision: str = "auto"      # the draft model's weights (loading.draft_precision)
-    draft_window: int | str | None = "auto"  # tokens the draft model reads besides the sinks (None: all; "auto":
-    #                                            the whole context where this machine reads it cheaply, drafters/window.py)
+    draft_window: int | str | None = "auto"  # tokens the draft model reads besides the sinks (None: all;
+    #                                            "auto": all where this machine reads it cheaply, drafters/window.py)
     loop: str = "auto"                 # decoding.loops: auto = the compiled loop on a GPU, eager elsewhere
     layer_skip_tokens: int = CALIBRATION_TOKENS   # calibration tokens the layer-skip search reads
 
@@ -72,8 +72,9 @@ class BenchConfig:
                              f"got {self.layer_skip_tokens}")
         if self.loop not in LOOPS:
             raise ValueError(f"--loop must be one of {', '.join(LOOPS)}, got {self.loop!r}")
-        if self.draft_window not in (None, "auto") and (not isinstance(self.draft_window, int) or self.draft_window < 1):
-            raise ValueError(f"--draft-window must be a number of tokens >= 1, 'all' or 'auto', got {self.draft_window!r}")
+        window = self.draft_window
+        if window not in (None, "auto") and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"--draft-window must be a number of tokens >= 1, 'all' or 'auto', got {window!r}")
 
     @property
     def run_key(self) -> str:
@@ -270,7 +271,8 @@ def _meta(config: BenchConfig, models: Models) -> dict:
         auto = models.window(config.max_new_tokens)
         rule = {"window_rule": {"describe": auto.describe(), "longest_whole_prompt": auto.longest_whole_prompt(),
                                 **asdict(auto.costs)}}
-    return {**asdict(config), **rule, "method_order": "rotated", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    return {**asdict(config), **rule, "method_order": "rotated",
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{facts['cpu']} ({facts['isa']}), {platform.machine()}, {config.threads} threads, "
                        f"torch {torch.__version__}",
             "ran_on": facts, "load_average_at_start": [round(x, 2) for x in os.getloadavg()],

@@ -27,6 +27,13 @@ def expected_speedup(alpha: float, gamma: int, draft_cost: float, verify_cost: f
     return expected_tokens(alpha, gamma) / (gamma * draft_cost + verify_cost)
 
 
+def check_margin(margin: float) -> float:
+    """A cost-aware policy's margin: the relative gain over plain decoding it asks of a draft, in [0, 1)."""
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise ValueError(f"margin is a relative gain in [0, 1) (0.05: 5%), got {margin!r}")
+    return float(margin)
+
+
 def check_gamma(gamma: int) -> int:
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
@@ -145,10 +152,8 @@ class CostAwareGamma(GammaPolicy):
     def __init__(self, start: int = 5, max_gamma: int = 16, decay: float = 0.9, warmup: int = 3,
                  probe_every: int = 8, margin: float = MARGIN):
         """margin: how much faster than plain decoding a draft must be expected to be before a step drafts."""
-        if not 0 <= margin < 1:
-            raise ValueError(f"margin is a relative gain in [0, 1) (0.05: 5%), got {margin!r}")
         self.k, self.max_gamma, self.decay, self.warmup = check_gamma(start), check_gamma(max_gamma), decay, warmup
-        self.margin = margin
+        self.margin = check_margin(margin)
         self.probe_every = self.interval = check_gamma(probe_every)
         self.accepted = self.rejected = 0.0
         self.draft_time = self.draft_tokens = 0.0

@@ -22,9 +22,9 @@ expected tokens per second:
 Budget 0 is a choice too: a plain step (no drafting; the target's one token), chosen when no
 tree is expected to commit tokens at least `margin` (5%) faster than plain decoding does, as on
 text the drafter cannot guess (a smaller expected gain is within what a step's time varies on a
-CPU, and the loop's own bookkeeping is not in the estimate); its cost is the measured one-token verify and its yield one token, so drafting stops
-where it would lose. The first step verifies the largest tree whose verify the machine's curve
-prices at most 25% above a plain step (at least one node; where verifying is flat, as on a GPU,
+CPU, and the loop's own bookkeeping is not in the estimate); its cost is the measured one-token
+verify and its yield one token, so drafting stops where it would lose. The first step verifies the
+largest tree whose verify the machine's curve prices at most 25% above a plain step (at least one node; where verifying is flat, as on a GPU,
 the largest tree); without a curve, the first two verify the largest tree and the smallest (budget
 0 by default: two sizes for the cost line). Then every `explore_every`-th step verifies a larger
 tree: twice the best budget so far (at least one node), or the largest whose fitted verify costs
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .adaptive import MARGIN, VerifyTime
+from .adaptive import MARGIN, VerifyTime, check_margin
 from .trace import Step
 
 
@@ -72,9 +72,7 @@ class CostAwareBudget:
         alternating the largest and the smallest budget before any choice (without a curve; with one, a single
         step of the largest tree the curve calls cheap); margin: how much faster than plain decoding a tree must be
         expected to be before a step drafts one."""
-        if not 0 <= margin < 1:
-            raise ValueError(f"margin is a relative gain in [0, 1) (0.05: 5%), got {margin!r}")
-        self.margin = margin
+        self.margin = check_margin(margin)
         if isinstance(max_budget, bool) or not isinstance(max_budget, int) or not 0 <= min_budget <= max_budget \
                 or max_budget < 1:
             raise ValueError(f"need integers 0 <= min_budget <= max_budget, max_budget >= 1, got {min_budget}, "
