@@ -24,8 +24,8 @@ tree is expected to commit tokens at least `margin` (5%) faster than plain decod
 text the drafter cannot guess (a smaller expected gain is within what a step's time varies on a
 CPU, and the loop's own bookkeeping is not in the estimate); its cost is the measured one-token
 verify and its yield one token, so drafting stops where it would lose. The first step verifies the
-largest tree whose verify the machine's curve prices at most 25% above a plain step (at least one node; where verifying is flat, as on a GPU,
-the largest tree); without a curve, the first two verify the largest tree and the smallest (budget
+largest tree whose verify the machine's curve prices at most 25% above a plain step (at least one
+node; where verifying is flat, as on a GPU, the largest tree); without a curve, the first two verify the largest tree and the smallest (budget
 0 by default: two sizes for the cost line). Then every `explore_every`-th step verifies a larger
 tree: twice the best budget so far (at least one node), or the largest whose fitted verify costs
 at most 25% more than the best's. So the estimate for larger trees stays fresh, a budget that pays

@@ -23,13 +23,7 @@ import torch
 from ..core.sampling import SamplingConfig, draw
 from ..models.ragged_cache import RaggedCache, left_pad
 from .base import Drafter, Proposal, draft_chain
-from .window import AutoWindow
-
-# The window the lab's command line and benchmark fall back to where reading the whole prompt does not pay
-# (drafters/window.py decides per prompt; a DraftModelDrafter made by hand reads the whole context unless given
-# one): read off the acceptance and speed against the window on long prompts, measured by scripts/draft_window.py
-# (data/bench/draft_window*.md).
-DEFAULT_WINDOW = 64
+from .window import DEFAULT_WINDOW, AutoWindow  # noqa: F401 (DEFAULT_WINDOW: read from here too)
 
 
 class DraftModelDrafter(Drafter):

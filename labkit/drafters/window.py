@@ -26,6 +26,10 @@ from dataclasses import dataclass
 import torch
 
 SAVING = 0.3           # target steps a whole-context draft is taken to save per new token (measured: 0.45)
+# The window a draft falls back to where reading the whole prompt does not pay (a DraftModelDrafter made by hand
+# reads the whole context unless given a window): read off the acceptance and speed against the window on long prompts,
+# measured by scripts/draft_window.py (data/bench/draft_window*.md).
+DEFAULT_WINDOW = 64
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class AutoWindow:
     """Per prompt: None (the draft reads the whole context) where reading it pays, `window` tokens otherwise."""
     costs: WindowCosts
     new_tokens: int                  # the most tokens the answer may have (max_new_tokens)
-    window: int = 64
+    window: int = DEFAULT_WINDOW
     sinks: int = 4
     saving: float = SAVING
 
