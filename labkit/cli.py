@@ -80,7 +80,8 @@ def add_model_args(p, default_dtype: str = "auto") -> None:
                         "reproduces)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="forward path: auto = the fastest this machine measured (cached), or force one")
-    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA when a GPU is present")
+    p.add_argument("--device", default="auto", choices=DEVICES,
+                   help="auto: $LABKIT_DEVICE where it is set, else CUDA when a GPU is present")
     p.add_argument("--draft-window", type=draft_window, default="auto", metavar="N|all|auto",
                    help=f"tokens of the context the draft model reads besides its first 4 ('all': the whole context; "
                         f"auto: all on the compiled loop; on the eager one all where this machine's draft reads "

@@ -6,7 +6,8 @@
    vocabulary set to the 7B's) if time is left. Per pair and mode (CUDA graphs of eager kernels; torch.compile +
    CUDA graphs): compiled greedy decoding (StaticDecoder), compiled speculation with a zero-cost host drafter, and
    with the draft model paying its real cost; the eager loop (`speculative_generate`) on the same replay.
-3. data/bench/gpu_spec.{json,md,png} (and copies in $OUT when it is set), rewritten after every phase.
+3. data/bench/gpu_spec.{json,md,png} (--name: another file name; copies in $OUT when it is set), rewritten after every
+   phase. --tests all runs the whole unit tier first instead of the CUDA tests.
 
 Random weights cannot show acceptance, so every speculative number here is REPLAYED ACCEPTANCE
 (labkit/drafters/replay.py): each step proposes the target's own continuation up to the length a real drafter
@@ -130,24 +131,38 @@ def phase(result: dict, what: str):
         print(f"[error] {result['errors'][-1]}", flush=True)
 
 
-def run_tests(seconds: float) -> dict:
-    """The CUDA tests of both decode paths (-k cuda), killed after `seconds`."""
+def scrub(text: str) -> str:
+    """No paths of the machine in the outputs: the repository's become relative, Python's and its packages' short."""
+    text = text.replace(str(ROOT) + "/", "")
+    text = re.sub(r"/\S*/site-packages/", "site-packages/", text)
+    return re.sub(r"/\S*/(python3\.\d+)/", r"\1/", text)
+
+
+def run_tests(seconds: float, which: str = "cuda") -> dict:
+    """The CUDA tests of both decode paths (-k cuda), or the whole unit tier (`which` = "all": tests/, spread over
+    the CPU's cores where pytest-xdist is installed), killed after `seconds`."""
     if importlib.util.find_spec("pytest") is None:
         return {"rc": None, "summary": "pytest is not installed here: tests not run", "seconds": 0.0}
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-k", "cuda", "-p", "no:cacheprovider", *TESTS]
+    if which == "all":
+        workers = ["-n", str(max(1, min(14, (os.cpu_count() or 2) - 2)))] \
+            if importlib.util.find_spec("xdist") is not None else []
+        cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *workers, "tests"]
     print("[tests]", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=seconds,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
         rc, out = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as e:
         text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
         rc, out = "timeout", f"{text(e.stdout)}{text(e.stderr)}\nkilled after {seconds:.0f} s"
-    out = re.sub(r"/\S*/site-packages/", "site-packages/", out)   # no paths of the machine in the outputs
+    out = scrub(out)
     lines = [line for line in out.strip().splitlines() if line.strip()]
     print("\n".join(lines[-15:]), flush=True)
-    return {"rc": rc, "summary": lines[-1] if lines else "", "seconds": time.perf_counter() - t0, "tail": lines[-40:]}
+    return {"rc": rc, "which": which, "command": " ".join(["pytest", *cmd[3:]]), "summary": lines[-1] if lines else "",
+            "seconds": time.perf_counter() - t0, "tail": lines[-60:]}
 
 
 def decode_rate(gen, first_from_prefill: bool) -> float:
@@ -413,7 +428,8 @@ def markdown(result: dict) -> str:
              "same mode; predicted: the replayed steps' committed tokens per AR step's worth of their measured drafting and "
              "verifying (Leviathan's expected speedup, step by step; the tree analogue for trees); his closed form "
              "at the mean acceptance rate and mean γ beside it (it assumes i.i.d. acceptance at a fixed γ).", "",
-             f"Tests ({' '.join(TESTS)}, -k cuda): {result['tests'].get('summary', 'not run')}", ""]
+             f"Tests ({result['tests'].get('command', ' '.join(TESTS) + ' -k cuda')}): "
+             f"{result['tests'].get('summary', 'not run')}", ""]
     for key, rec in result["recorded"].items():
         lines.append(f"- replay `{key}`: {rec['method']} from {rec['source']}: {rec['tokens_per_step']:.2f} tokens a "
                      f"step, acceptance {rec['acceptance_rate']:.2f}, γ capped at 8")
@@ -453,7 +469,7 @@ def plot(result: dict):
 
 
 def write(result: dict, out: Path) -> None:
-    paths = write_outputs(out / "gpu_spec", result, markdown, plot)
+    paths = write_outputs(out / result["name"], result, markdown, plot)
     if args_out := os.environ.get("OUT"):
         for p in paths:
             shutil.copy(p, Path(args_out) / p.name)
@@ -467,6 +483,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=160)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, steps traced, no tests or graphs")
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--tests", choices=("cuda", "all"), default="cuda",
+                    help="cuda: the CUDA tests of the compiled loops; all: the whole unit tier (tests/)")
+    ap.add_argument("--tree-pairs", default="1.5b", help="the pairs whose target also runs the tree replays")
+    ap.add_argument("--name", default="gpu_spec", help="the outputs' file name, in --out: NAME.{json,md,png}")
     ap.add_argument("--pairs", default="1.5b,7b", help="which target shapes, in order: 1.5b (Qwen2.5), 7b (Llama-2)")
     ap.add_argument("--modes", default="graphs,blocks",
                     help="graphs (eager kernels), blocks (inductor, a block at a time), compile (inductor, the whole "
@@ -474,7 +494,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--peers", default="transformers", help="'transformers' (static-cache generate), or ''")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench"))
     args = ap.parse_args(argv)
-    unknown = sorted(set(args.pairs.split(",")) - set(PAIRS) | set(args.modes.split(",")) - set(MODES))
+    unknown = sorted(set(args.pairs.split(",")) - set(PAIRS) | set(args.modes.split(",")) - set(MODES)
+                     | set(filter(None, args.tree_pairs.split(","))) - set(PAIRS))
     if unknown:
         raise SystemExit(f"unknown --pairs/--modes {unknown}: pairs {list(PAIRS)}, modes {list(MODES)}")
     t_start, budget, out = time.perf_counter(), Budget(args.budget), Path(args.out)
@@ -492,7 +513,7 @@ def main(argv=None) -> dict:
                          "copy_bandwidth": profile.bandwidth.value},
               "dtype": "float32 (smoke: tiny shapes)" if args.smoke else "bf16",
               "label": "replayed acceptance", "tests": {}, "recorded": {}, "runs": [], "skipped": budget.skipped,
-              "errors": [],
+              "errors": [], "name": args.name,
               "per_shape_compile_s": {}}            # per mode, the first compile measured (a guess of 40 s before)
     for key, (source, method, category, tree) in REPLAYS.items():
         steps = load_recorded_steps(ROOT / source, method, max_gamma=MAX_TREE if tree else 8, category=category)
@@ -501,20 +522,20 @@ def main(argv=None) -> dict:
                                    "tokens_per_step": (accepted + len(steps)) / len(steps),
                                    "acceptance_rate": accepted / max(1, proposed)}
     if args.smoke:
-        dtype, pairs = torch.float32, [("smoke", SMOKE_ARGS, replace(SMOKE_ARGS, n_layers=1))]
+        dtype, pairs = torch.float32, [("smoke", SMOKE_ARGS, replace(SMOKE_ARGS, n_layers=1), True)]
         modes = [{"label": "static, traced a block at a time (smoke)", "trees": True,
                   "static": dict(compile="blocks", compile_backend="eager")}]
     else:
         dtype = torch.bfloat16
-        pairs = [PAIRS[p] for p in args.pairs.split(",")]
+        pairs = [(*PAIRS[p], p in args.tree_pairs.split(",")) for p in args.pairs.split(",")]
         modes = [MODES[m] for m in args.modes.split(",")]
     # 1. tests
     if not (args.smoke or args.skip_tests):
-        result["tests"] = run_tests(min(args.test_seconds, budget.left() - 60))
+        result["tests"] = run_tests(min(args.test_seconds, budget.left() - 60), args.tests)
         write(result, out)
     # 2. timing: pairs x modes, the cheapest first, each only if it fits what is left
     first = None
-    for i, (name, target_args, draft_args) in enumerate(pairs):
+    for i, (name, target_args, draft_args, trees) in enumerate(pairs):
         if not budget.allows(60, f"{name}: every mode"):
             continue
         target = sharpen(build(target_args, device, dtype))        # one pair of models for every mode: one continuation
@@ -530,7 +551,7 @@ def main(argv=None) -> dict:
                 continue
             print(f"[bench] {name}, {mode['label']} ({budget.left():.0f} s left)", flush=True)
             with phase(result, f"{name}, {mode['label']}"):
-                ar, continuation = bench_mode(name, target, draft, {**mode, "trees": mode.get("trees") and i == 0},
+                ar, continuation = bench_mode(name, target, draft, {**mode, "trees": mode.get("trees") and trees},
                                               prompt, args.new_tokens, result, budget, peak_bw)
                 if fastest_ar is None or ar["tokens_per_s"] > fastest_ar["tokens_per_s"]:
                     fastest_ar = ar

@@ -13,6 +13,10 @@ import torch
 from labkit.models.mtp import MTPConfig, MTPModel
 from labkit.models.transformer import ModelArgs, Transformer
 
+# device="auto" (the CLI's, the bench's, load_model's) means the CPU in these tests on any machine: their tiny models
+# and the CPU paths they check; the CUDA tests put their models on the GPU themselves
+os.environ.setdefault("LABKIT_DEVICE", "cpu")
+
 
 def _import_triton_interpreted() -> None:
     """Without a GPU, import Triton (and tests/test_kernels.py's kernels) in interpreter mode.

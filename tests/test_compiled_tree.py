@@ -19,6 +19,7 @@ from labkit.decoding.compiled_tree import (
     CompiledTreeDecoder,
     greedy_tree_accept_on_device,
     lay_out,
+    pad_nodes,
     tree_bucket,
 )
 from labkit.decoding.tree import tree_generate
@@ -92,9 +93,9 @@ def test_device_acceptance_agrees_with_the_host_rule():
         tree, tokens = Tree(parents), torch.randint(0, V, (N,), generator=g)
         logits = torch.randn(1 + N, V, generator=g)
         want = greedy_tree_accept(tree, tokens, logits)
-        laid = lay_out(tree, tokens, root=0, width=tree_bucket(N))
-        padded = torch.cat([logits, torch.randn(laid.feed.numel() - 1 - N, V, generator=g)])   # padding rows
-        got = greedy_tree_accept_on_device(laid, padded)
+        laid = lay_out(tree, width=tree_bucket(N))
+        padded = torch.cat([logits, torch.randn(tree_bucket(N) - N, V, generator=g)])   # padding rows
+        got = greedy_tree_accept_on_device(laid, pad_nodes(tokens, tree_bucket(N)), padded)
         n = int(got.n_accepted)
         assert n == want.n_accepted and int(got.next_token) == want.next_token, trial
         assert [r - 1 for r in got.keep_rows[1:n + 1].tolist()] == want.path, trial

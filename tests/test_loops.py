@@ -81,3 +81,17 @@ def test_dtype_auto_is_bf16_on_a_cpu_and_quantized_weights_stay_on_it():
     assert check_load_args("auto", "auto", "cpu") == ("cpu", None)
     with pytest.raises(ValueError, match="dtype must be one of"):
         check_load_args("int3", "auto", "cpu")
+
+
+def test_labkit_device_says_what_auto_means(monkeypatch):
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")                      # the CPU of a GPU machine, too
+    assert check_load_args("fp32", "auto", "auto") == ("cpu", None)
+    monkeypatch.setenv("LABKIT_DEVICE", "")                         # unset: the GPU where torch sees one
+    assert check_load_args("fp32", "auto", "auto")[0] == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setenv("LABKIT_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="LABKIT_DEVICE must be cpu or cuda"):
+        check_load_args("fp32", "auto", "auto")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("LABKIT_DEVICE", "cuda")
+        with pytest.raises(ValueError, match="torch sees no GPU"):
+            check_load_args("fp32", "auto", "auto")

@@ -66,9 +66,10 @@ class FixedShapeStep:
     """`static_forward` over T tokens at T slots, every input a buffer filled in place: one shape, so torch.compile
     traces it once and a CUDA graph records it once. Fill `tokens` (1, T), call `at(first_slot)`, then call it.
 
-    tree=True: the positions (T,) and the mask (T, max_len) are buffers too (a tree's depths and ancestors, filled
-    by the caller), and a call returns (features (1, T, F), logits (1, T, V)): the final hidden states, or with
-    `taps` those blocks' outputs too (static_forward).
+    tree=True: the positions (T,) and `block` (T, T) are buffers too (a tree's depths and ancestors, filled by the
+    caller; the mask over the cache is made from `block` on the device, `tree_mask`), and a call returns
+    (features (1, T, F), logits (1, T, V)): the final hidden states, or with `taps` those blocks' outputs too
+    (static_forward).
     """
 
     def __init__(self, model: Transformer, cache: StaticKVCache, width: int, compile: bool | str, cuda_graph: bool,
@@ -78,11 +79,12 @@ class FixedShapeStep:
         self.tokens = torch.zeros(1, width, dtype=torch.long, device=device)     # (1, T) valid ids, always
         self.slots = torch.arange(width, device=device)                          # (T,) where they are written
         self.ramp = torch.arange(width, device=device)                           # (T,) 0, 1, ..., T-1
-        self.positions = self.mask = None
+        self.positions = self.block = None
         if tree:
             self.positions = torch.arange(width, device=device)                  # (T,)
-            self.mask = torch.ones(width, cache.max_len, dtype=torch.bool, device=device)  # (T, max_len)
-        self.forward = compiled(lambda run_block: static_forward(model, cache, self.tokens, self.positions, self.mask,
+            self.block = torch.ones(width, width, dtype=torch.bool, device=device).tril()  # (T, T)
+        mask = (lambda: tree_mask(self.block, self.slots, cache.max_len)) if tree else (lambda: None)
+        self.forward = compiled(lambda run_block: static_forward(model, cache, self.tokens, self.positions, mask(),
                                                                  run_block, hidden=tree, taps=taps),
                                 compile, compile_backend, compile_options)
         self.graph, self.out = None, None
@@ -100,6 +102,16 @@ class FixedShapeStep:
             self.graph, self.out = capture_graph(self.forward, warmups=3)
         self.graph.replay()
         return self.out
+
+
+def tree_mask(block: torch.Tensor, slots: torch.Tensor, max_len: int) -> torch.Tensor:
+    """(T, max_len): the slots each of a step's T tokens sees: every slot before the step's first (the committed
+    tokens) and, among the step's own T slots, those `block` (T, T) allows; never a slot after them (stale keys).
+    Made on the device from the step's slots, so it costs the host nothing and a CUDA graph records it."""
+    T = block.shape[0]
+    rel = torch.arange(max_len, device=block.device) - slots[0]                 # (max_len,) slot - first slot
+    own = block[:, rel.clamp(0, T - 1)] & ((rel >= 0) & (rel < T))              # (T, max_len) the step's slots
+    return own | (rel < 0)                                                       # (T, max_len)
 
 
 def sample_without_sync(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -5,9 +5,11 @@ static cache of compiled.py, for drafters that propose trees (Medusa's static tr
 
 1. Verify: the root (the last committed token) and the N tree nodes in one forward, padded to a bucket of
    `TREE_BUCKETS` = (8, 16, 32, 64) nodes, so the verify has four shapes, each compiled once and on CUDA
-   recorded once as a CUDA graph. The tree's RoPE positions (root + depth) and its ancestor mask are buffers
-   filled in place each step, as the token ids are; a padding node sees the cache and itself, and no real
-   node sees it.
+   recorded once as a CUDA graph. A tree's shape (parents) is laid out on the device the first time it is seen
+   (`TreeLayout`: depths, ancestors, paths), so a step sends only its token ids, in one copy that does not wait;
+   the RoPE positions and the ancestor block are buffers filled on the device, and the mask over the cache is
+   made from the block inside the graph (`compiled.tree_mask`). A padding node sees the cache and itself, and no
+   real node sees it.
 2. Accept on the device (`greedy_tree_accept_on_device`): a node is good when its token is the target's
    greedy pick after its parent; the deepest node whose whole path is good wins (the first of the deepest,
    as `core.tree_acceptance.greedy_tree_accept`). One host sync reads the accepted depth, the path and the
@@ -48,20 +50,19 @@ def tree_bucket(n: int) -> int:
     return next(b for b in TREE_BUCKETS if b >= n)
 
 
-class DeviceTree(NamedTuple):
-    """A proposal laid out at a bucket's width B, for the verify and the acceptance on the device."""
-    feed: torch.Tensor          # (1+B,) root, node tokens, padding (token 0)
-    positions: torch.Tensor     # (1+B,) RoPE positions: root + depth (padding: the root's)
+class TreeLayout(NamedTuple):
+    """A tree's shape laid out at a bucket's width B, on the device: what every tree of that shape shares, so it is
+    made once per shape (`CompiledTreeDecoder.layout`) and only the tokens travel each step."""
+    positions: torch.Tensor     # (1+B,) RoPE offsets from the root: root 0, node depth (padding: 0)
     block: torch.Tensor         # (1+B, 1+B) bool, which of the step's slots each row sees
-    nodes: torch.Tensor         # (B,) node tokens, -1 for padding (never equal to a target pick)
     parent_rows: torch.Tensor   # (B,) the row of each node's parent (0: the root)
     ancestors: torch.Tensor     # (B, B) bool, node j is node i or one of its ancestors
     depth: torch.Tensor         # (B,) 1 for the root's children, 0 for padding
     path_rows: torch.Tensor     # (B, D) rows of each node's path, root's child first, padded with its own row
 
 
-def lay_out(tree: Tree, tokens: torch.Tensor, root: int, width: int) -> DeviceTree:
-    """A tree of N <= width nodes with its tokens (N,), after the committed token `root`, padded to `width`."""
+def lay_out(tree: Tree, width: int, device: torch.device | str = "cpu") -> TreeLayout:
+    """A tree of N <= width nodes padded to `width`: a padding node sees the cache and itself, no real node sees it."""
     N, B = tree.n_nodes, width
     ancestors = torch.eye(B, dtype=torch.bool)                                   # (B, B) padding: itself
     ancestors[:N, :N] = tree.mask
@@ -76,11 +77,13 @@ def lay_out(tree: Tree, tokens: torch.Tensor, root: int, width: int) -> DeviceTr
     path_rows[node, depth[ancestor] - 1] = 1 + ancestor
     parent_rows = torch.zeros(B, dtype=torch.long)
     parent_rows[:N] = tree.parents + 1
-    nodes = torch.full((B,), -1, dtype=torch.long)
-    nodes[:N] = tokens
-    feed = torch.cat([torch.tensor([root]), nodes.clamp(min=0)])
-    return DeviceTree(feed, torch.cat([torch.zeros(1, dtype=torch.long), depth]), block, nodes, parent_rows,
-                      ancestors, depth, path_rows)
+    positions = torch.cat([torch.zeros(1, dtype=torch.long), depth])
+    return TreeLayout(*(x.to(device) for x in (positions, block, parent_rows, ancestors, depth, path_rows)))
+
+
+def pad_nodes(tokens: torch.Tensor, width: int) -> torch.Tensor:
+    """Node tokens (N,) padded to (width,) with -1, a token no target picks."""
+    return torch.cat([tokens, tokens.new_full((width - tokens.numel(),), -1)])
 
 
 class TreeAcceptanceOnDevice(NamedTuple):
@@ -89,10 +92,12 @@ class TreeAcceptanceOnDevice(NamedTuple):
     next_token: torch.Tensor    # () the target's pick after the last accepted node
 
 
-def greedy_tree_accept_on_device(t: DeviceTree, target_logits: torch.Tensor) -> TreeAcceptanceOnDevice:
-    """`core.tree_acceptance.greedy_tree_accept` without leaving the device. target_logits (1+B, V)."""
+def greedy_tree_accept_on_device(t: TreeLayout, nodes: torch.Tensor,
+                                 target_logits: torch.Tensor) -> TreeAcceptanceOnDevice:
+    """`core.tree_acceptance.greedy_tree_accept` without leaving the device. nodes (B,) padded with -1,
+    target_logits (1+B, V)."""
     target = target_logits.argmax(-1)                                            # (1+B,) the target's picks
-    good = t.nodes == target[t.parent_rows]                                      # (B,)
+    good = nodes == target[t.parent_rows]                                        # (B,)
     whole_path_good = ~(t.ancestors & ~good).any(-1)                             # (B,)
     score = torch.where(whole_path_good, t.depth, 0)                             # (B,)
     best = score.argmax()                                                        # () the first of the deepest
@@ -135,6 +140,10 @@ class CompiledTreeDecoder(Decoder):
         a, p = model.args, model.embed_tokens.weight
         self.model, self.max_len, self.taps = model, max_len, None
         self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
+        self.layouts: dict[tuple, TreeLayout] = {}      # (width, parents): the tree shapes seen, on the device
+        # the step's root and node ids travel in one copy: from page-locked memory on a GPU, without waiting
+        self.ids_host = torch.zeros(1 + MAX_NODES, dtype=torch.long, pin_memory=p.device.type == "cuda")
+        self.ids = torch.zeros(1 + MAX_NODES, dtype=torch.long, device=p.device)   # (1+64,)
         self.use_drafter(drafter)
 
     def use_drafter(self, drafter: Drafter) -> None:
@@ -204,43 +213,68 @@ class CompiledTreeDecoder(Decoder):
         tree, node_tokens = proposal.as_tree(), proposal.tokens                          # (N,)
         clock.mark()
         # 2. Verify: root + every node at the bucket's width, each node seeing the cache and its ancestors
-        laid = lay_out(tree, node_tokens, self.tokens[-1], tree_bucket(max(1, tree.n_nodes)))
-        hidden, logits = self.verify(laid, n_cached)                                     # (1+B, D), (1+B, V)
+        layout = self.layout(tree)
+        nodes = self.send(node_tokens, layout.depth.numel())                             # (B,) padded with -1
+        hidden, logits = self.verify(layout, nodes, n_cached)                            # (1+B, D), (1+B, V)
         clock.mark()
         # 3. Accept, on the device: the deepest path the target agrees with, and its pick after it
-        device_tree = DeviceTree(*(x.to(self.model.device) for x in laid))
-        acc = greedy_tree_accept_on_device(device_tree, logits)
-        n, next_token, *keep = torch.cat([acc.n_accepted.view(1), acc.next_token.view(1),
-                                          acc.keep_rows]).tolist()                        # the step's one host sync
-        keep = keep[:n + 1]                                                              # root, path
+        acc = greedy_tree_accept_on_device(layout, nodes, logits)
+        n, next_token, *rest = torch.cat([acc.n_accepted.view(1), acc.next_token.view(1), acc.keep_rows,
+                                          nodes]).tolist()                                # the step's one host sync
+        keep, node_list = rest[:acc.keep_rows.numel()], rest[acc.keep_rows.numel():][:tree.n_nodes]
         draft_time, verify_time = clock.seconds()
         # 4. Commit: the root's and the path's keys and values to the slots right after the committed ones
-        self.cache.commit_path(torch.tensor(keep), start=n_cached)
-        path = [r - 1 for r in keep[1:]]
+        keep_rows = acc.keep_rows[:n + 1]                                                # (1+n,) root, path
+        self.cache.commit_path(keep_rows, start=n_cached)
         if self.drafter.reads_features:
-            self.drafter.commit(n_cached + len(keep), hidden[torch.tensor(keep, device=hidden.device)])
+            self.drafter.commit(n_cached + n + 1, hidden[keep_rows])
         else:
-            self.drafter.commit(n_cached + len(keep))
-        new_tokens = self._commit(node_tokens[path].tolist() + [next_token])
-        step = Step(node_tokens.tolist(), n, next_token, bool(n) and tree.is_leaf[path[-1]].item(), draft_time,
+            self.drafter.commit(n_cached + n + 1)
+        path = [r - 1 for r in keep[1:n + 1]]
+        new_tokens = self._commit([node_list[i] for i in path] + [next_token])
+        step = Step(node_list, n, next_token, bool(n) and tree.is_leaf[path[-1]].item(), draft_time,
                     verify_time, q_draft=proposal.q_token.tolist(), parents=tree.parents.tolist(), path=path,
                     asked=budget)
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
 
-    def verify(self, laid: DeviceTree, n_cached: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hidden states (1+B, D) and logits (1+B, V) of the root and the padded tree, written at the slots
-        n_cached .. n_cached + B."""
-        W = laid.feed.numel()
-        step = self.verify_steps[W - 1]
-        mask = torch.zeros(W, self.max_len, dtype=torch.bool)                        # (1+B, max_len)
-        mask[:, :n_cached] = True                                                    # the committed tokens
-        mask[:, n_cached:n_cached + W] = laid.block                                  # the root, the ancestors
-        step.tokens[0].copy_(laid.feed)
-        step.positions.copy_(laid.positions + n_cached)
-        step.mask.copy_(mask)
+    def layout(self, tree: Tree) -> TreeLayout:
+        """The tree's shape laid out at its bucket's width on the device, made the first time the shape is seen (a
+        static tree, or a replay, has a few shapes; a dynamic tree's are kept up to 1024)."""
+        width = tree_bucket(max(1, tree.n_nodes))
+        key = (width, *tree.parents.tolist())
+        if key not in self.layouts:
+            if len(self.layouts) >= 1024:
+                self.layouts.clear()
+            self.layouts[key] = lay_out(tree, width, self.model.device)
+        return self.layouts[key]
+
+    def send(self, node_tokens: torch.Tensor, width: int) -> torch.Tensor:
+        """The root (the last committed token) and the node tokens (N,) on the device in one copy that does not
+        wait for the device, the nodes (width,) padded with -1; node tokens a drafter left on the device (Medusa's
+        heads' picks) are copied there, never read back before the step's sync. The verify's token buffer gets
+        them, padding as 0."""
+        N, on_host = node_tokens.numel(), node_tokens.device.type == "cpu"
+        host = self.ids_host[:1 + width]        # free again: the last step's copy finished before its host sync
+        host[0] = self.tokens[-1]
+        if on_host:
+            host[1:1 + N] = node_tokens
+        host[1 + N:] = -1
+        ids = self.ids[:1 + width]
+        ids.copy_(host, non_blocking=True)
+        if not on_host:
+            ids[1:1 + N].copy_(node_tokens)
+        torch.clamp(ids, min=0, out=self.verify_steps[width].tokens[0])
+        return ids[1:]
+
+    def verify(self, layout: TreeLayout, nodes: torch.Tensor, n_cached: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states (1+B, D) and logits (1+B, V) of the root and the padded tree (its tokens already in the
+        width's buffer, `send`), written at the slots n_cached .. n_cached + B."""
+        step = self.verify_steps[nodes.numel()]
+        step.block.copy_(layout.block)
+        torch.add(layout.positions, n_cached, out=step.positions)
         step.at(n_cached)
-        self.cache.length = n_cached + W
+        self.cache.length = n_cached + 1 + nodes.numel()
         hidden, logits = step()
         return hidden[0], logits[0]
 

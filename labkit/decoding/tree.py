@@ -76,7 +76,7 @@ class TreeDecoder(Decoder):
         proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator) \
             if budget > 0 else Proposal.empty(self.prompt)
         proposal = proposal.limit(max(budget, 0))
-        tree, nodes = proposal.as_tree(), proposal.tokens                                    # (N,)
+        tree, nodes = proposal.as_tree(), proposal.tokens.cpu()                              # (N,)
         # 2. Verify: root + every node in one forward, each node seeing only its ancestors
         t1 = time.perf_counter()
         feed = torch.tensor([self.tokens[-1]] + nodes.tolist(), device=self.target.device)[None]   # (1, 1+N)

@@ -119,14 +119,15 @@ class MedusaDrafter(Drafter):
     @torch.no_grad()
     def propose(self, tokens: torch.Tensor, budget: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
-        """The static tree filled with the heads' top-k tokens; deterministic nodes (q_draft None)."""
+        """The static tree filled with the heads' top-k tokens; deterministic nodes (q_draft None). The tokens stay
+        where the heads computed them (a GPU's loop reads them back with its own sync, not one of the drafter's)."""
         if self.last_feature is None or budget < 1:     # a one-token prompt: no cached position yet
             return Proposal.empty(tokens)
         tree, rank, head = self.tree(budget)
         feature = self.last_feature.to(self.heads.dtype)
         logits = self.heads(feature).float()                                 # (K, V)
         top_p, top_ids = logits.softmax(-1).topk(int(rank.max()) + 1, dim=-1)  # (K, k) each
-        return Proposal(top_ids[head, rank].to(tokens.device), q_draft=None, q_token=top_p[head, rank], tree=tree)
+        return Proposal(top_ids[head, rank], q_draft=None, q_token=top_p[head, rank], tree=tree)
 
 
 # --- checkpoints -------------------------------------------------------------------------------------

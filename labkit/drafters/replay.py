@@ -75,6 +75,7 @@ class ReplayTreeDrafter(ReplayDrafter):
         if depth < 1:
             raise ValueError(f"depth must be >= 1 (the first path's length), got {depth}")
         self.depth = depth
+        self.trees: dict[tuple[int, ...], Tree] = {}    # a few shapes, each checked once
 
     def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
@@ -93,7 +94,8 @@ class ReplayTreeDrafter(ReplayDrafter):
             for s in range(extra // d + (j < extra % d)):                        # never the pick, never the path's
                 parents.append(parent)
                 node_tokens.append((pick + 2 + s) % self.vocab_size)
-        return Proposal(torch.tensor(node_tokens), tree=Tree(torch.tensor(parents)))
+        tree = self.trees.get(key := tuple(parents)) or self.trees.setdefault(key, Tree(torch.tensor(parents)))
+        return Proposal(torch.tensor(node_tokens), tree=tree)
 
 
 class CostOnly(Drafter):

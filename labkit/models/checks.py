@@ -7,6 +7,7 @@ whether they share a vocabulary, from their config and tokenizer files alone.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -21,6 +22,15 @@ BACKENDS = ("auto", "native", "hf", *PATHS)
 DEVICES = ("auto", "cpu", "cuda")
 
 
+def auto_device() -> str:
+    """What device="auto" means: $LABKIT_DEVICE where it is set (cpu or cuda: e.g. the CPU of a GPU machine), else
+    the GPU where torch sees one, else the CPU."""
+    chosen = os.environ.get("LABKIT_DEVICE", "")
+    if chosen and chosen not in ("cpu", "cuda"):
+        raise ValueError(f"LABKIT_DEVICE must be cpu or cuda (or unset, for the GPU where there is one), got {chosen!r}")
+    return chosen or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def check_load_args(dtype: str | torch.dtype, backend: str, device: str) -> tuple[str, str | None]:
     """(the device, the quantized precision or None): a load's arguments checked before anything is read."""
     if backend not in BACKENDS:
@@ -28,8 +38,8 @@ def check_load_args(dtype: str | torch.dtype, backend: str, device: str) -> tupl
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
+        device = auto_device()
+    if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' but torch sees no GPU here: use device='auto' or 'cpu'")
     if not isinstance(dtype, torch.dtype) and dtype not in (*DTYPES, *QUANTIZED, "auto"):
         raise ValueError(f"dtype must be one of {['auto'] + sorted(DTYPES) + list(QUANTIZED)}, got {dtype!r}")

@@ -144,7 +144,7 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", backend: st
     decoding (its distance from bf16: scripts/precision_quality.py).
     backend: auto (labkit's Transformer where it covers the architecture, else transformers),
     native, hf, or a forward path (reference / onednn / packed) to skip the calibration.
-    device: auto (CUDA when torch sees a GPU, else the CPU), cpu or cuda.
+    device: auto ($LABKIT_DEVICE where it is set, else CUDA when torch sees a GPU, else the CPU), cpu or cuda.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:

@@ -72,8 +72,6 @@ class MedusaHeads(nn.Module):
 # --- checkpoints -------------------------------------------------------------------------------------
 # <dir>/model.safetensors: blocks.{k}.linear.weight (D, D), .bias (D,), bf16 (~19 MB for 4 heads of D=1536);
 # <dir>/config.json: n_heads, dim, base_model, topk_accuracy, choices, training record; <dir>/PROVENANCE.md
-# <dir>/model.safetensors: blocks.{k}.linear.weight (D, D), .bias (D,), bf16 (~19 MB for 4 heads of D=1536);
-# <dir>/config.json: n_heads, dim, base_model, topk_accuracy, choices, training record; <dir>/PROVENANCE.md
 REPO_HEADS = shipped("heads", must_exist=False)     # the shipped heads (core/shipped.py)
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

@@ -191,8 +191,22 @@ def pack_linear(weight: torch.Tensor) -> torch.Tensor:
     return load().pack_linear(weight.detach().contiguous())
 
 
+def _refuse(what: str) -> None:
+    """A call the kernel cannot take, refused here rather than by the kernel's own check: an error thrown inside the
+    compiled module has crashed the whole process on some machines (a GPU host's Python, torch 2.11)."""
+    raise RuntimeError(what)
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, n_out: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) -> (..., N) with the packed weight; fp32 x for fp32 weights, bf16 for bf16."""
+    k_packed = packed.shape[1] * (2 if packed.dim() == 4 else 1)
+    if x.shape[-1] != k_packed or packed.shape[0] * packed.shape[2] < n_out:
+        _refuse(f"packed_linear: x has K={x.shape[-1]} but the packed weight ({k_packed} inputs, "
+                f"{packed.shape[0] * packed.shape[2]} outputs) does not fit it")
+    if x.dtype != packed.dtype:
+        _refuse(f"packed_linear: x is {x.dtype} but the weight is packed as {packed.dtype}: convert x")
+    if bias is not None and bias.numel() != n_out:
+        _refuse(f"packed_linear: bias has {bias.numel()} entries, expected {n_out}")
     x2 = x.reshape(-1, x.shape[-1]).contiguous()                                   # (M, K)
     return load().packed_linear(x2, packed, n_out, bias).view(*x.shape[:-1], n_out)
 
@@ -270,6 +284,15 @@ def unpack_int4(packed: torch.Tensor, scales: torch.Tensor, n_out: int) -> Int4W
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, n_out: int,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) fp32 or bf16 -> (..., N) in x's dtype, with a weight packed by `pack_int4`."""
+    K, n_blocks = x.shape[-1], (n_out + INT4_BLOCK - 1) // INT4_BLOCK
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        _refuse(f"int4_linear: x must be float32 or bfloat16, got {x.dtype}")
+    if K % INT4_GROUP:
+        _refuse(f"int4_linear: K must be a multiple of {INT4_GROUP}, got {K}")
+    if packed.dtype != torch.uint8 or packed.numel() != n_blocks * K // 4 * 32:
+        _refuse(f"int4_linear: the packed weight does not fit x's K={K} and {n_out} outputs: pack it with pack_int4")
+    if bias is not None and bias.numel() != n_out:
+        _refuse(f"int4_linear: bias has {bias.numel()} entries, expected {n_out}")
     x2 = x.reshape(-1, x.shape[-1]).contiguous()                                   # (M, K)
     return load().int4_linear(x2, packed, scales, n_out, bias).view(*x.shape[:-1], n_out)
 
