@@ -122,3 +122,13 @@ def test_accept_rule_single_step_is_exact():
         counts[acc.tokens(x)[0]] += 1
     assert counts[3] == 0                                          # p_target(3) = 0 is never emitted
     assert chisquare(counts[:3], p[0, :3].numpy() * 20000).pvalue > 1e-3
+
+
+def test_token_probs_normalise_only_the_rows_asked_for_and_match_the_full_softmax():
+    from labkit.core.sampling import token_probs
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, 50, generator=g) * 3
+    rows, tokens = torch.tensor([0, 0, 3, 8, 3]), torch.tensor([1, 7, 7, 49, 0])
+    want = logits.softmax(-1)[rows, tokens]
+    assert torch.allclose(torch.tensor(token_probs(logits, rows, tokens)), want, rtol=1e-6, atol=0)
+    assert token_probs(logits, rows[:0], tokens[:0]) == []

@@ -279,3 +279,33 @@ def test_tree_labels_are_short_and_level():
     assert any("␣ space" in t.get_text() and "␣×4" in t.get_text() for t in labels)   # the glyphs' legend, once
     assert sum("space" in t.get_text() for t in labels) == 1
     plt.close(fig)
+
+
+def test_greedy_tree_acceptance_reads_few_rows_and_equals_the_every_row_rule():
+    """Level by level from the root, it takes the argmax of the root's row and of correct nodes' rows only; on random
+    trees with repeated sibling tokens (a 5-token vocabulary) it keeps what the rule over every row keeps."""
+    class Rows(torch.Tensor):                 # logits that log which rows are read
+        read: list
+
+        def __getitem__(self, index):
+            Rows.read.append(index)
+            return torch.Tensor.__getitem__(self.as_subclass(torch.Tensor), index)
+
+    g = torch.Generator().manual_seed(3)
+    for trial in range(300):
+        N = int(torch.randint(1, 30, (), generator=g))
+        parents = torch.tensor([int(torch.randint(-1, i, (), generator=g)) for i in range(N)])
+        tree, tokens = Tree(parents), torch.randint(0, 5, (N,), generator=g)
+        logits = torch.randn(1 + N, 5, generator=g)
+        target_next = logits.argmax(-1)                                       # the every-row rule
+        correct = ~(tree.mask & ~(tokens == target_next[parents + 1])[None, :]).any(1)
+        Rows.read = []
+        got = greedy_tree_accept(tree, tokens, logits.as_subclass(Rows))
+        if not bool(correct.any()):
+            assert got.path == [] and got.next_token == int(target_next[0]), trial
+        else:
+            best = int(torch.where(correct, tree.depth, 0).argmax())
+            assert got.path == tree.paths_to(best) and got.next_token == int(target_next[best + 1]), trial
+            assert got.bonus == bool(tree.is_leaf[best]), trial
+        rows_read = sum(len(r) for r in Rows.read)
+        assert rows_read == 1 + int(correct.sum()), trial                   # the root's row, then correct nodes'

@@ -36,11 +36,11 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ac
 
     draft_tokens: (K,), target_logits: (K+1, V).
     """
-    K = draft_tokens.shape[0]
-    target_tokens = target_logits.argmax(-1)                                 # (K+1,)
-    matches = (target_tokens[:K] == draft_tokens).int()                     # (K,)
-    n = int(matches.cumprod(0).sum())
-    return Acceptance(n, int(target_tokens[n]), bonus=n == K)
+    draft = draft_tokens.tolist()
+    for n in range(len(draft) + 1):          # row by row: a row's argmax reads a vocabulary, so stop at the first miss
+        pick = int(target_logits[n].argmax())
+        if n == len(draft) or pick != draft[n]:
+            return Acceptance(n, pick, bonus=n == len(draft))
 
 
 def speculative_accept(draft_tokens: torch.Tensor, q_draft: torch.Tensor, p_target: torch.Tensor,

@@ -71,6 +71,16 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
     return probs
 
 
+def token_probs(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> list[float]:
+    """softmax(logits[rows[i]])[tokens[i]] for each i: the target's probability of each proposed token (for the
+    trace), normalising only the rows asked for. logits (R, V), rows and tokens (N,). A verify's rows are a
+    vocabulary wide (152k for Qwen2.5): a 41-row tree's full softmax took 4 ms a step on a 2-thread CPU."""
+    if not rows.numel():
+        return []
+    used, where = rows.unique(return_inverse=True)                               # (U,), (N,)
+    return logits[used].softmax(-1)[where, tokens].tolist()
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token id per row of probs (..., V) -> (...)."""
     flat = probs.reshape(-1, probs.shape[-1])

@@ -39,19 +39,25 @@ class TreeAcceptance:
 
 
 def greedy_tree_accept(tree: Tree, node_tokens: torch.Tensor, target_logits: torch.Tensor) -> TreeAcceptance:
-    """Deepest node whose path matches the target's argmax everywhere; exact for greedy decoding.
+    """Deepest node whose path matches the target's argmax everywhere (the first of them); exact for greedy decoding.
 
-    node_tokens: (N,), target_logits: (1+N, V) (row 0: after the root, row 1+i: after node i).
+    node_tokens: (N,), target_logits: (1+N, V) (row 0: after the root, row 1+i: after node i). Level by level
+    from the root, it reads the argmax of the root's row and of each node found correct so far: a row's argmax
+    reads a whole vocabulary, and a step's correct nodes are a path or two, not the tree's every row.
     """
-    target_next = target_logits.argmax(-1)                                   # (1+N,)
-    correct = node_tokens == target_next[tree.parents + 1]                  # (N,) parent -1 reads row 0
-    on_correct_path = ~(tree.mask & ~correct[None, :]).any(1)               # (N,) no wrong ancestor (or self)
-    if not bool(on_correct_path.any()):
-        return TreeAcceptance([], int(target_next[0]), bonus=False)
-    depth = torch.where(on_correct_path, tree.depth, 0)                     # (N,)
-    best = int(depth.argmax())                                              # first of the deepest
-    path = tree.paths_to(best)
-    return TreeAcceptance(path, int(target_next[best + 1]), bonus=bool(tree.is_leaf[best]))
+    tokens, children = node_tokens.tolist(), {}
+    for node, parent in enumerate(tree.parents.tolist()):
+        children.setdefault(parent, []).append(node)
+    pick, level, correct = {}, [-1], []                                     # pick: node -> the target's token after it
+    while level:
+        pick.update(zip(level, target_logits[[n + 1 for n in level]].argmax(-1).tolist()))
+        level = [c for n in level for c in children.get(n, []) if tokens[c] == pick[n]]
+        correct += level
+    if not correct:
+        return TreeAcceptance([], pick[-1], bonus=False)
+    depth = tree.depth.tolist()
+    best = min(correct, key=lambda c: (-depth[c], c))                       # first of the deepest
+    return TreeAcceptance(tree.paths_to(best), pick[best], bonus=bool(tree.is_leaf[best]))
 
 
 def tree_speculative_accept(tree: Tree, node_tokens: torch.Tensor, q_draft: torch.Tensor | None,

@@ -14,7 +14,7 @@ import torch
 
 from ..core.acceptance import greedy_accept, speculative_accept
 from ..core.adaptive import FixedGamma, GammaPolicy
-from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits
+from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits, token_probs
 from ..core.trace import Step
 from ..drafters.base import Drafter, Proposal
 from ..models.target import Target
@@ -68,18 +68,19 @@ class SpeculativeDecoder(Decoder):
         t2 = time.perf_counter()
         # 3. Accept: the longest prefix the target agrees with, plus one token of the target's
         if self.sampling.greedy:
-            p_target = logits.softmax(-1)                                                  # (K+1, V), for the trace
+            p_draft = token_probs(logits, torch.arange(draft.numel()), draft)              # (K,), for the trace
             acc = greedy_accept(draft, logits)
         else:
             p_target = probs_from_logits(logits, self.sampling)                            # (K+1, V)
             q_draft = proposal.q_or_one_hot(logits.shape[-1])[:k]                          # (K, V)
             acc = speculative_accept(draft, q_draft, p_target, self.generator)
+            p_draft = p_target[torch.arange(draft.numel()), draft].tolist()
         # 4. Commit: extend the sequence; roll both caches back to the accepted prefix
         self.cache.truncate(n_before + acc.n_accepted)
         self.drafter.commit(n_before + acc.n_accepted)
         new_tokens = self._commit(acc.tokens(draft))
         step = Step(draft.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1,
-                    p_target[torch.arange(draft.numel()), draft].tolist(), proposal.q_token[:k].tolist(), asked=k)
+                    p_draft, proposal.q_token[:k].tolist(), asked=k)
         self.policy.update(step)
         return self._record(step, new_tokens, t0)
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits
+from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits, token_probs
 from ..core.trace import Step
 from ..core.tree import Tree
 from ..core.tree_acceptance import (
@@ -89,15 +89,14 @@ class TreeDecoder(Decoder):
         logits = self.target.logits(hidden).cpu()                                        # (1+N, V)
         t2 = time.perf_counter()
         # 3. Accept: the longest agreeing path plus one token of the target's
-        if self.accept_rule is not None:
-            p_target = logits.softmax(-1)
-            acc = self.accept_rule(tree, nodes, logits)
-        elif self.sampling.greedy:
-            p_target = logits.softmax(-1)                                                # (1+N, V), for the trace
-            acc = greedy_tree_accept(tree, nodes, logits)
+        parent_rows = tree.parents + 1                                                    # (N,) row of each node's parent
+        if self.accept_rule is not None or self.sampling.greedy:
+            acc = (self.accept_rule or greedy_tree_accept)(tree, nodes, logits)
+            p_nodes = token_probs(logits, parent_rows, nodes)                            # (N,), for the trace
         else:
             p_target = probs_from_logits(logits, self.sampling)                          # (1+N, V)
             acc = tree_speculative_accept(tree, nodes, proposal.q_draft, p_target, self.generator)
+            p_nodes = p_target[parent_rows, nodes].tolist()
         if self.drafter.reads_verdict:
             self.drafter.verdict(logits.argmax(-1))                                      # (1+N,)
         # 4. Commit: keep the root and the accepted path in the cache, compacted; drop every other branch
@@ -105,9 +104,7 @@ class TreeDecoder(Decoder):
         self.cache.commit_path(keep, start=n_cached)
         self.drafter.commit(n_cached + keep.numel(), hidden[keep.to(hidden.device)])
         new_tokens = self._commit(acc.tokens(nodes))
-        parent_rows = tree.parents + 1                                                    # (N,) row of each node's parent
-        step = Step(nodes.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1,
-                    p_target[parent_rows, nodes].tolist(),
+        step = Step(nodes.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1, p_nodes,
                     proposal.q_token.tolist(),
                     parents=tree.parents.tolist(), path=acc.path, asked=budget)
         self.budget.update(step)
