@@ -23,12 +23,14 @@ Budget 0 is a choice too: a plain step (no drafting; the target's one token), ch
 tree is expected to commit tokens at least `margin` (5%) faster than plain decoding does, as on
 text the drafter cannot guess (a smaller expected gain is within what a step's time varies on a
 CPU, and the loop's own bookkeeping is not in the estimate); its cost is the measured one-token
-verify and its yield one token, so drafting stops where it would lose. The first step verifies the
-largest tree whose verify the machine's curve prices at most 25% above a plain step (at least one
-node; where verifying is flat, as on a GPU, the largest tree); without a curve, the first two verify the largest tree and the smallest (budget
+verify and its yield one token, so drafting stops where it would lose. A node's acceptance is counted
+as if `prior` (2) more steps had rejected it: after one lucky probe a tree is not yet judged to pay, and
+a drafter that keeps being right soon is. The first step verifies the largest tree whose verify the
+machine's curve prices at most `probe_cost` (15%) above a plain step (at least one node; where
+verifying is flat, as on a GPU, the largest tree); without a curve, the first two verify the largest tree and the smallest (budget
 0 by default: two sizes for the cost line). Then every `explore_every`-th step verifies a larger
 tree: twice the best budget so far (at least one node), or the largest whose fitted verify costs
-at most 25% more than the best's. So the estimate for larger trees stays fresh, a budget that pays
+at most 15% more than the best's. So the estimate for larger trees stays fresh, a budget that pays
 can keep growing, and drafting resumes once an exploring step sees it pay again. While plain steps
 stay best, the interval between exploring steps doubles after each one that does not change that
 (8, 16, 32, ... steps), as `CostAwareGamma` backs off its probes: on text the drafter cannot
@@ -61,18 +63,33 @@ class FixedBudget:
         pass
 
 
+# Steps that accepted nothing, counted with the steps a cost-aware budget remembers: a node's acceptance is judged
+# as if it had also been rejected this often, so one lucky probe (a node of 1 in 1 accepted) does not start a run of
+# drafting; a drafter that is right keeps being judged right after a few steps (4 of 4 count as 4 of 6).
+PRIOR_STEPS = 2.0
+# How much dearer than the best budget's verify an exploring step's tree may be: where drafting does not pay, each
+# probe costs this much of a plain step on top of the drafter's own work.
+PROBE_COST = 0.15
+
+
 class CostAwareBudget:
     """Pick each step's tree budget (nodes) maximising expected tokens per second, measured on this run."""
     name = "cost-aware"
 
     def __init__(self, max_budget: int = 64, min_budget: int = 0, window: int = 32, explore_every: int = 8,
-                 warmup: int = 2, verify_curve: dict[int, float] | None = None, margin: float = MARGIN):
+                 warmup: int = 2, verify_curve: dict[int, float] | None = None, margin: float = MARGIN,
+                 prior: float = PRIOR_STEPS, probe_cost: float = PROBE_COST):
         """verify_curve: this machine's {tokens: t(tokens)/t(1)} (None: fit a line to the run's steps);
         min_budget 0 lets a step be plain decoding (no draft) where drafting does not pay; warmup: steps
         alternating the largest and the smallest budget before any choice (without a curve; with one, a single
         step of the largest tree the curve calls cheap); margin: how much faster than plain decoding a tree must be
-        expected to be before a step drafts one."""
+        expected to be before a step drafts one; prior: steps that accepted nothing, counted with the remembered
+        ones, so that one lucky probe does not start a run of drafting; probe_cost: how much dearer than the best
+        budget's verify an exploring step's tree may be."""
         self.margin = check_margin(margin)
+        if not 0 <= prior <= 16 or not 0 <= probe_cost <= 1:
+            raise ValueError(f"need 0 <= prior <= 16 (steps) and 0 <= probe_cost <= 1, got {prior}, {probe_cost}")
+        self.prior, self.probe_cost = prior, probe_cost
         if isinstance(max_budget, bool) or not isinstance(max_budget, int) or not 0 <= min_budget <= max_budget \
                 or max_budget < 1:
             raise ValueError(f"need integers 0 <= min_budget <= max_budget, max_budget >= 1, got {min_budget}, "
@@ -119,9 +136,9 @@ class CostAwareBudget:
         return self.verify(tokens) if self.verify.sums[0] else self.verify.curve(tokens)
 
     def explore_budget(self, best: int) -> int:
-        """Twice the best budget (at least one node), or further while a verify costs at most 25% more than
-        the best's."""
-        limit = 1.25 * self.verify_cost(best + 1)
+        """Twice the best budget (at least one node), or further while a verify costs at most `probe_cost` more
+        than the best's."""
+        limit = (1 + self.probe_cost) * self.verify_cost(best + 1)
         cheap = max(n for n in range(best, self.max_budget + 1) if n == best or self.verify_cost(n + 1) <= limit)
         return max(min(self.max_budget, max(1, 2 * best)), cheap)
 
@@ -155,7 +172,7 @@ class CostAwareBudget:
             seen = [(nodes, path) for budget, nodes, path in steps if budget >= n or nodes < budget]
             if not seen:
                 break
-            tokens += sum(n - 1 in path for _, path in seen) / len(seen)
+            tokens += sum(n - 1 in path for _, path in seen) / (len(seen) + self.prior)
             seconds = sum(self.draft_seconds + self.verify(min(n, nodes) + 1) for nodes, _ in seen) / len(seen)
             out.append((n, tokens, max(1e-9, seconds)))
         return out
