@@ -19,7 +19,6 @@ from labkit.decoding.compiled_tree import (
     CompiledTreeDecoder,
     greedy_tree_accept_on_device,
     lay_out,
-    pad_nodes,
     tree_bucket,
 )
 from labkit.decoding.tree import tree_generate
@@ -95,7 +94,8 @@ def test_device_acceptance_agrees_with_the_host_rule():
         want = greedy_tree_accept(tree, tokens, logits)
         laid = lay_out(tree, width=tree_bucket(N))
         padded = torch.cat([logits, torch.randn(tree_bucket(N) - N, V, generator=g)])   # padding rows
-        got = greedy_tree_accept_on_device(laid, pad_nodes(tokens, tree_bucket(N)), padded)
+        nodes = torch.cat([tokens, tokens.new_full((tree_bucket(N) - N,), -1)])     # padding: a token never picked
+        got = greedy_tree_accept_on_device(laid, nodes, padded)
         n = int(got.n_accepted)
         assert n == want.n_accepted and int(got.next_token) == want.next_token, trial
         assert [r - 1 for r in got.keep_rows[1:n + 1].tolist()] == want.path, trial

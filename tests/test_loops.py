@@ -93,5 +93,5 @@ def test_labkit_device_says_what_auto_means(monkeypatch):
         check_load_args("fp32", "auto", "auto")
     if not torch.cuda.is_available():
         monkeypatch.setenv("LABKIT_DEVICE", "cuda")
-        with pytest.raises(ValueError, match="torch sees no GPU"):
+        with pytest.raises(ValueError, match="LABKIT_DEVICE=cuda but torch sees no GPU"):
             check_load_args("fp32", "auto", "auto")

@@ -81,11 +81,6 @@ def lay_out(tree: Tree, width: int, device: torch.device | str = "cpu") -> TreeL
     return TreeLayout(*(x.to(device) for x in (positions, block, parent_rows, ancestors, depth, path_rows)))
 
 
-def pad_nodes(tokens: torch.Tensor, width: int) -> torch.Tensor:
-    """Node tokens (N,) padded to (width,) with -1, a token no target picks."""
-    return torch.cat([tokens, tokens.new_full((width - tokens.numel(),), -1)])
-
-
 class TreeAcceptanceOnDevice(NamedTuple):
     n_accepted: torch.Tensor    # () depth of the accepted path, 0..D
     keep_rows: torch.Tensor     # (1+D,) the root's row, then the path's rows (padded past n_accepted)

@@ -28,6 +28,8 @@ def auto_device() -> str:
     chosen = os.environ.get("LABKIT_DEVICE", "")
     if chosen and chosen not in ("cpu", "cuda"):
         raise ValueError(f"LABKIT_DEVICE must be cpu or cuda (or unset, for the GPU where there is one), got {chosen!r}")
+    if chosen == "cuda" and not torch.cuda.is_available():
+        raise ValueError("LABKIT_DEVICE=cuda but torch sees no GPU here: unset it, or set it to cpu")
     return chosen or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
