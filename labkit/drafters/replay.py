@@ -94,8 +94,10 @@ class ReplayTreeDrafter(ReplayDrafter):
             for s in range(extra // d + (j < extra % d)):                        # never the pick, never the path's
                 parents.append(parent)
                 node_tokens.append((pick + 2 + s) % self.vocab_size)
-        tree = self.trees.get(key := tuple(parents)) or self.trees.setdefault(key, Tree(torch.tensor(parents)))
-        return Proposal(torch.tensor(node_tokens), tree=tree)
+        key = tuple(parents)
+        if key not in self.trees:
+            self.trees[key] = Tree(torch.tensor(parents))
+        return Proposal(torch.tensor(node_tokens), tree=self.trees[key])
 
 
 class CostOnly(Drafter):

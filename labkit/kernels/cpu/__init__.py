@@ -197,6 +197,12 @@ def _refuse(what: str) -> None:
     raise RuntimeError(what)
 
 
+def _check_bias(op: str, bias: torch.Tensor | None, n_out: int) -> None:
+    """A linear kernel's optional bias: n_out entries (the kernels' fp32_bias check, made before the call)."""
+    if bias is not None and bias.numel() != n_out:
+        _refuse(f"{op}: bias has {bias.numel()} entries, expected {n_out}")
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, n_out: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) -> (..., N) with the packed weight; fp32 x for fp32 weights, bf16 for bf16."""
     k_packed = packed.shape[1] * (2 if packed.dim() == 4 else 1)
@@ -205,8 +211,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, n_out: int, bias: torch
                 f"{packed.shape[0] * packed.shape[2]} outputs) does not fit it")
     if x.dtype != packed.dtype:
         _refuse(f"packed_linear: x is {x.dtype} but the weight is packed as {packed.dtype}: convert x")
-    if bias is not None and bias.numel() != n_out:
-        _refuse(f"packed_linear: bias has {bias.numel()} entries, expected {n_out}")
+    _check_bias("packed_linear", bias, n_out)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()                                   # (M, K)
     return load().packed_linear(x2, packed, n_out, bias).view(*x.shape[:-1], n_out)
 
@@ -291,8 +296,7 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, n_o
         _refuse(f"int4_linear: K must be a multiple of {INT4_GROUP}, got {K}")
     if packed.dtype != torch.uint8 or packed.numel() != n_blocks * K // 4 * 32:
         _refuse(f"int4_linear: the packed weight does not fit x's K={K} and {n_out} outputs: pack it with pack_int4")
-    if bias is not None and bias.numel() != n_out:
-        _refuse(f"int4_linear: bias has {bias.numel()} entries, expected {n_out}")
+    _check_bias("int4_linear", bias, n_out)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()                                   # (M, K)
     return load().int4_linear(x2, packed, scales, n_out, bias).view(*x.shape[:-1], n_out)
 
