@@ -3,25 +3,34 @@
 On CPU: greedy output equals `autoregressive_generate` token for token for suffix decoding's trees, Medusa's
 static tree (random heads: exactness does not depend on their quality) and replayed trees, at budgets that pad
 every bucket; each step keeps what the eager tree loop's step keeps; the device acceptance agrees with the host
-rule on random trees; replayed tree acceptance equals the recording. The steps run eagerly or traced by dynamo,
+rule on random trees; replayed tree acceptance equals the recording. Sampled: the device rule draws the joint of
+the first two tokens as the target does (a chi-square test that a plausible broken rule fails), and the loop's
+sampled output has the target's distribution (Medusa's top-k trees). The steps run eagerly or traced by dynamo,
 whole or a block at a time; EAGLE-3 reads three blocks' outputs from the compiled verify; CUDA graphs run in the GPU
 variant (scripts/gpu_check.py runs it).
 """
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
+from scipy.stats import chisquare
+from test_sampling import CONFIGS, N_POS, N_RUNS, PROMPT, V, chi2_pvalues, exact_marginals
 
 from labkit import SamplingConfig, autoregressive_generate
 from labkit.core.tree import Tree
 from labkit.core.tree_acceptance import greedy_tree_accept
+from labkit.decoding import compiled
 from labkit.decoding.compiled_tree import (
     TREE_BUCKETS,
     CompiledTreeDecoder,
+    TreeAcceptanceOnDevice,
     greedy_tree_accept_on_device,
     lay_out,
+    sampled_tree_accept_on_device,
     tree_bucket,
 )
 from labkit.decoding.tree import tree_generate
+from labkit.drafters.draft_model import DraftModelDrafter
 from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.medusa import MedusaDrafter
 from labkit.drafters.replay import CostOnly, PacedDrafter, ReplayTreeDrafter
@@ -130,9 +139,10 @@ def test_a_replay_paced_by_medusa_heads_or_a_cost_reads_features_and_stays_exact
 
 
 def test_bad_requests_say_what_to_do(target):
+    sampler = CompiledTreeDecoder(target, DraftModelDrafter(tiny_model(seed=1)), max_len=128)
+    with pytest.raises(ValueError, match="samples its tokens.*top-k picks.*tree_generate"):
+        sampler.start(PROMPTS[0], 8, sampling=SamplingConfig(temperature=1.0))
     dec = CompiledTreeDecoder(target, SuffixDrafter(), max_len=128)
-    with pytest.raises(ValueError, match="greedily.*tree_generate"):
-        dec.start(PROMPTS[0], 8, sampling=SamplingConfig(temperature=1.0))
     with pytest.raises(ValueError, match="up to 64 nodes"):
         dec.start(PROMPTS[0], 8, budget=65)
     with pytest.raises(ValueError, match="max_len >= "):
@@ -151,6 +161,9 @@ def test_cuda_graphs_tree_greedy_equals_autoregressive_on_gpu():
         for prompt in PROMPTS:
             want = autoregressive_generate(model, prompt, max_new_tokens=24).tokens
             assert dec.generate(prompt, 24, budget=12).tokens == want
+        sampled = SamplingConfig(temperature=0.8, top_k=3)
+        runs = [dec.generate(PROMPTS[0], 24, budget=12, sampling=sampled, seed=5).tokens for _ in range(2)]
+        assert runs[0] == runs[1] and len(runs[0]) == 24                 # a seed fixes the device's draws
 
 
 @pytest.mark.parametrize("compile", [False, "blocks"], ids=["static", "traced-blocks"])
@@ -168,3 +181,66 @@ def test_eagle3_reads_three_blocks_from_the_verify_and_stays_exact(compile):
     assert dec.taps == (0, 1, 2) and fast.tokens == eager.tokens
     assert fast.tokens == autoregressive_generate(deeper, prompt, max_new_tokens=24).tokens
     assert [(s.proposed, s.path) for s in fast.trace.steps] == [(s.proposed, s.path) for s in eager.trace.steps]
+
+
+def joint_two_tokens(accept, tokens: torch.Tensor, n: int, seed: int = 0) -> np.ndarray:
+    """Counts (4, 4) of the first two tokens a step commits, over n steps on a two-level tree of fixed tokens: the
+    root's children 0, 1 and node 0's children 2, 3. Each row's distribution depends on the path (p(y | x))."""
+    torch.manual_seed(0)                                                               # the same p every call
+    p0 = torch.distributions.Dirichlet(torch.ones(4)).sample(torch.Size([]))           # (4,)
+    p_next = torch.distributions.Dirichlet(torch.ones(4)).sample((4,))                # (4, 4) p(y | x)
+    g = torch.Generator().manual_seed(seed)
+    tree = Tree(torch.tensor([-1, -1, 0, 0]))
+    laid = lay_out(tree, width=8)
+    nodes = torch.cat([tokens, tokens.new_full((4,), -1)])                             # (8,) padded
+    p_rows = torch.cat([p0[None], p_next[tokens], torch.full((4, 4), 0.25)])           # (1+8, 4): padding rows
+    counts = np.zeros((4, 4))
+    for _ in range(n):
+        acc = accept(laid, nodes, p_rows, g)
+        k = int(acc.n_accepted)
+        out = [int(nodes[r - 1]) for r in acc.keep_rows[1:k + 1]] + [int(acc.next_token)]
+        if len(out) == 1:
+            out.append(int(torch.multinomial(p_next[out[0]], 1, generator=g)))
+        counts[out[0], out[1]] += 1
+    return counts, (p0[:, None] * p_next).double().numpy()
+
+
+def fresh_draw_when_none_agrees(t, nodes, p_target, generator=None) -> TreeAcceptanceOnDevice:
+    """A plausible bug: when no child matches, draw the next token afresh from p, not the residual (the row's draw)."""
+    acc = sampled_tree_accept_on_device(t, nodes, p_target, generator)
+    last_row = acc.keep_rows[acc.n_accepted]
+    fresh = compiled.sample_without_sync(p_target[last_row], generator)[0]
+    return acc._replace(next_token=fresh)
+
+
+@pytest.mark.parametrize("tokens", [[2, 0, 1, 3], [2, 2, 1, 1]], ids=["distinct siblings", "repeated siblings"])
+def test_sampled_device_acceptance_draws_what_the_target_draws(tokens):
+    """chi-square on the joint of the first two tokens: p(x) p(y | x), whatever tokens the tree holds."""
+    def pvalue(counts, p):
+        keep = p.flatten() * counts.sum() > 5
+        obs, exp = counts.flatten()[keep], p.flatten()[keep]
+        return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+    assert pvalue(*joint_two_tokens(sampled_tree_accept_on_device, torch.tensor(tokens), 20_000, seed=1)) > 1e-3
+    assert pvalue(*joint_two_tokens(fresh_draw_when_none_agrees, torch.tensor(tokens), 20_000, seed=1)) < 1e-6
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["t1", "t0.7-topk5-topp0.9"])
+def test_sampled_output_has_the_targets_distribution(cfg):
+    """Medusa's top-k trees on the compiled loop: each position's token is distributed as the target's own samples."""
+    target = tiny_model(seed=3, vocab_size=V, std=0.4, n_layers=1)
+    torch.manual_seed(1)
+    heads = MedusaHeads(target.lm_head, n_heads=2)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block.linear.weight, std=0.5)
+    dec = CompiledTreeDecoder(target, MedusaDrafter(heads, [(0,), (1,), (0, 0), (2,), (0, 1)]),
+                              max_len=PROMPT.numel() + N_POS + 70)
+    counts, accepted = np.zeros((N_POS, V)), 0
+    for seed in range(N_RUNS):
+        out = dec.generate(PROMPT, N_POS, budget=5, sampling=cfg, seed=seed)
+        counts[np.arange(N_POS), out.tokens] += 1
+        accepted += sum(s.n_accepted for s in out.trace.steps)
+    assert accepted > N_RUNS // 4                                    # the trees were accepted from, not just verified
+    exact = exact_marginals(target, cfg)
+    assert (counts[exact == 0] == 0).all()                          # top-k / top-p: never a token they cut
+    assert min(p for p in chi2_pvalues(counts, exact) if not np.isnan(p)) > 1e-3   # (nan: one possible token)

@@ -199,6 +199,13 @@ def test_the_avx2_build_matches_too():
         qw = cpu.quantize_int4(rand(200, 160, scale=0.05))
         y4 = avx2.int4_linear(x, *cpu.pack_int4(qw), 200, None)                      # vpmaddubsw, no VNNI
         assert not avx2.int4_vnni() and close(y4, cpu.int4_linear_ref(x, qw), dtype) < TOL[dtype]
+    # the int16 partial sums at their largest (every q = 15, every activation 127): widened before they overflow
+    w = torch.zeros(16, 160)
+    w[:, ::2] = 1.0                                                                  # q = 0 or 15, scale 1/15
+    qw, x = cpu.quantize_int4(w), torch.ones(2, 160)
+    y4 = avx2.int4_linear(x, *cpu.pack_int4(qw), 16, None)
+    assert close(y4, cpu.int4_linear_ref(x, qw), torch.float32) < TOL[torch.float32]     # 80, as fp16's 1/15 rounds
+    assert torch.equal(y4, cpu.int4_linear(x, *cpu.pack_int4(qw), 16))
 
 
 def test_kernels_unavailable_says_why(monkeypatch):

@@ -42,10 +42,11 @@ def test_what_keeps_a_request_off_the_compiled_loop(pair):
                why_not_compiled(target, PromptLookupDrafter(), 9, GREEDY, False),
                why_not_compiled(target, PromptLookupDrafter(), CostAwareGamma(4), GREEDY, False),
                why_not_compiled(target, SuffixDrafter(), 65, GREEDY, True),
-               why_not_compiled(target, SuffixDrafter(), FixedBudget(24), SAMPLED, True)]
+               why_not_compiled(target, DraftModelDrafter(draft), FixedBudget(24), SAMPLED, True)]
     assert [r is not None for r in reasons] == [True] * 7
     assert "greedily" in reasons[0] and "window" in reasons[1] and "up to 9" in reasons[3]
-    assert "max_gamma <= 8" in reasons[4] and "65 nodes" in reasons[5]
+    assert "max_gamma <= 8" in reasons[4] and "65 nodes" in reasons[5] and "samples its tokens" in reasons[6]
+    assert why_not_compiled(target, SuffixDrafter(), FixedBudget(24), SAMPLED, True) is None      # top-k picks
     assert why_not_compiled(target, PromptLookupDrafter(), CostAwareGamma(4, max_gamma=8), GREEDY, False) is None
     with pytest.raises(ValueError, match="cannot decode this request: .*window.*loop='eager'"):
         decode(target, DraftModelDrafter(draft, window=16), PROMPT, 8, loop="compiled")

@@ -12,13 +12,16 @@ static cache of compiled.py, for drafters that propose trees (Medusa's static tr
    real node sees it.
 2. Accept on the device (`greedy_tree_accept_on_device`): a node is good when its token is the target's
    greedy pick after its parent; the deepest node whose whole path is good wins (the first of the deepest,
-   as `core.tree_acceptance.greedy_tree_accept`). One host sync reads the accepted depth, the path and the
-   target's next token.
+   as `core.tree_acceptance.greedy_tree_accept`). Sampling (`sampled_tree_accept_on_device`) is the same walk
+   with one draw from the target's distribution in place of each row's pick: for a tree of top-k picks that is
+   multi-candidate rejection sampling exactly (`core.tree_acceptance.tree_speculative_accept`). One host sync
+   reads the accepted depth, the path and the target's next token.
 3. Commit: `KVCache.commit_path` copies the keys and values of the root and the accepted path to the slots
    right after the committed ones (Medusa's compaction), on the device; every other branch is dropped.
 
-Greedy, batch size 1, labkit's own `Transformer` as the target; drafters that read the final hidden states
-(Medusa, EAGLE) or three blocks' outputs besides (EAGLE-3) get them from the verify as in the eager loop. Greedy output equals `autoregressive_generate`'s token for token
+Batch size 1, labkit's own `Transformer` as the target; drafters that read the final hidden states (Medusa,
+EAGLE) or three blocks' outputs besides (EAGLE-3) get them from the verify as in the eager loop. Greedy output
+equals `autoregressive_generate`'s token for token, and sampled output has the target's distribution
 (tests/test_compiled_tree.py); scripts/gpu_check.py times it on a GPU.
 """
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..core.sampling import GREEDY, SamplingConfig
+from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits
 from ..core.trace import Step
 from ..core.tree import Tree
 from ..core.tree_budget import CostAwareBudget, FixedBudget
@@ -38,7 +41,7 @@ from ..models.kv_cache import StaticKVCache
 from ..models.target import as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
-from .compiled import Clock, FixedShapeStep, check_static_loop
+from .compiled import Clock, FixedShapeStep, check_static_loop, sample_without_sync
 from .static import prefill
 
 TREE_BUCKETS = (8, 16, 32, 64)     # tree sizes the verify forward is compiled for; N nodes pad up to the next one
@@ -59,6 +62,7 @@ class TreeLayout(NamedTuple):
     ancestors: torch.Tensor     # (B, B) bool, node j is node i or one of its ancestors
     depth: torch.Tensor         # (B,) 1 for the root's children, 0 for padding
     path_rows: torch.Tensor     # (B, D) rows of each node's path, root's child first, padded with its own row
+    earlier_siblings: torch.Tensor  # (B, B) bool, node j is a child of node i's parent listed before node i
 
 
 def lay_out(tree: Tree, width: int, device: torch.device | str = "cpu") -> TreeLayout:
@@ -78,7 +82,9 @@ def lay_out(tree: Tree, width: int, device: torch.device | str = "cpu") -> TreeL
     parent_rows = torch.zeros(B, dtype=torch.long)
     parent_rows[:N] = tree.parents + 1
     positions = torch.cat([torch.zeros(1, dtype=torch.long), depth])
-    return TreeLayout(*(x.to(device) for x in (positions, block, parent_rows, ancestors, depth, path_rows)))
+    earlier_siblings = (parent_rows[:, None] == parent_rows[None, :]).tril(-1)         # (B, B)
+    return TreeLayout(*(x.to(device) for x in (positions, block, parent_rows, ancestors, depth, path_rows,
+                                               earlier_siblings)))
 
 
 class TreeAcceptanceOnDevice(NamedTuple):
@@ -92,14 +98,35 @@ def greedy_tree_accept_on_device(t: TreeLayout, nodes: torch.Tensor,
     """`core.tree_acceptance.greedy_tree_accept` without leaving the device. nodes (B,) padded with -1,
     target_logits (1+B, V)."""
     target = target_logits.argmax(-1)                                            # (1+B,) the target's picks
-    good = nodes == target[t.parent_rows]                                        # (B,)
+    return deepest_good_path(t, nodes == target[t.parent_rows], target)
+
+
+def sampled_tree_accept_on_device(t: TreeLayout, nodes: torch.Tensor, p_target: torch.Tensor,
+                                  generator: torch.Generator | None = None) -> TreeAcceptanceOnDevice:
+    """`core.tree_acceptance.tree_speculative_accept` for a tree of top-k picks (q one-hot) without leaving the
+    device. nodes (B,) padded with -1, p_target (1+B, V), unnormalised is fine.
+
+    Trying a node's children in order, child c (token x) is accepted with probability p(x) and otherwise x leaves
+    the residual, so child c wins with probability p(x) and, when none wins, the next token y is drawn from p
+    without the children's tokens: what one draw y ~ p after the node gives, with y = x choosing child c. So each
+    row draws one token of the target's, and a node is good when its token is its parent's draw (and no earlier
+    sibling has that token: a repeated token's residual mass is 0). The rows are drawn independently, as the
+    rejection sampler's uniforms are, so the committed tokens are the target's own samples."""
+    drawn = sample_without_sync(p_target, generator)[:, 0]                       # (1+B,) one draw a row
+    good = nodes == drawn[t.parent_rows]                                         # (B,)
+    repeated = (t.earlier_siblings & (nodes[:, None] == nodes[None, :])).any(-1)  # (B,)
+    return deepest_good_path(t, good & ~repeated, drawn)
+
+
+def deepest_good_path(t: TreeLayout, good: torch.Tensor, picks: torch.Tensor) -> TreeAcceptanceOnDevice:
+    """The first of the deepest nodes whose whole path is good (B,), and the pick (1+B,) after it."""
     whole_path_good = ~(t.ancestors & ~good).any(-1)                             # (B,)
     score = torch.where(whole_path_good, t.depth, 0)                             # (B,)
     best = score.argmax()                                                        # () the first of the deepest
     n = score[best]
     last_row = torch.where(n > 0, best + 1, 0)                                   # () the root when none agreed
     keep_rows = torch.cat([last_row.new_zeros(1), t.path_rows[best]])            # (1+D,)
-    return TreeAcceptanceOnDevice(n, keep_rows, target[last_row])
+    return TreeAcceptanceOnDevice(n, keep_rows, picks[last_row])
 
 
 def feature_taps(model: Transformer, drafter: Drafter) -> tuple[int, ...]:
@@ -116,7 +143,8 @@ def feature_taps(model: Transformer, drafter: Drafter) -> tuple[int, ...]:
 
 
 class CompiledTreeDecoder(Decoder):
-    """Tree speculative decoding on a static cache: eager, compiled, and/or replayed as CUDA graphs. Greedy.
+    """Tree speculative decoding on a static cache: eager, compiled, and/or replayed as CUDA graphs; greedy or
+    sampled (trees of top-k picks).
 
         dec = CompiledTreeDecoder(target, MedusaDrafter(heads, choices), max_len=1024, compile="blocks",
                                   cuda_graph=True)
@@ -168,13 +196,13 @@ class CompiledTreeDecoder(Decoder):
         """Begin a sequence: check the request, prefill the cache with the prompt but its last token."""
         self.begin(self.model, prompt_ids, max_new_tokens, f"compiled-tree/{self.drafter.name}", eos_token_ids, seed,
                    sampling)
-        if not sampling.greedy:
-            raise ValueError("the compiled tree loop accepts greedily: pass SamplingConfig() (temperature 0), or "
-                             "sample with labkit.decoding.tree.tree_generate")
         self.budget = budget if isinstance(budget, (FixedBudget, CostAwareBudget)) else FixedBudget(budget)
         if isinstance(budget, int) and not 0 <= budget <= MAX_NODES:
             raise ValueError(f"budget={budget}: the compiled verify has shapes for up to {MAX_NODES} nodes; pass "
                              f"0 <= budget <= {MAX_NODES}")
+        if not sampling.greedy and self.drafter.samples_tokens:
+            raise ValueError(f"the {self.drafter.name} drafter samples its tokens: when sampling, the compiled tree "
+                             "loop accepts trees of top-k picks; sample with labkit.decoding.tree.tree_generate")
         if isinstance(self.budget, CostAwareBudget) and not self.drafter.best_first:
             raise ValueError(f"the cost-aware budget needs a drafter that lists its nodes best first; "
                              f"{self.drafter.name} does not: give it a fixed budget (an int)")
@@ -184,6 +212,7 @@ class CompiledTreeDecoder(Decoder):
                              f"slots exceed max_len={self.max_len} (or the model's context of "
                              f"{self.model.max_seq_len}): build the decoder with max_len >= {need}")
         device = self.model.device
+        self.device_generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
         features = torch.zeros(0, (len(self.taps) + 1) * self.model.args.dim,
@@ -206,14 +235,21 @@ class CompiledTreeDecoder(Decoder):
         proposal = (self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator)
                     if budget > 0 else Proposal.empty(self.prompt)).limit(max(budget, 0))
         tree, node_tokens = proposal.as_tree(), proposal.tokens                          # (N,)
+        if proposal.q_draft is not None and not self.sampling.greedy:
+            raise ValueError(f"the {self.drafter.name} drafter samples its tree's tokens (q_draft): the compiled loop "
+                             "accepts trees of top-k picks; sample with labkit.decoding.tree.tree_generate")
         clock.mark()
         # 2. Verify: root + every node at the bucket's width, each node seeing the cache and its ancestors
         layout = self.layout(tree)
         nodes = self.send(node_tokens, layout.depth.numel())                             # (B,) padded with -1
         hidden, logits = self.verify(layout, nodes, n_cached)                            # (1+B, D), (1+B, V)
         clock.mark()
-        # 3. Accept, on the device: the deepest path the target agrees with, and its pick after it
-        acc = greedy_tree_accept_on_device(layout, nodes, logits)
+        # 3. Accept, on the device: the deepest path the target agrees with, and its pick (or draw) after it
+        if self.sampling.greedy:
+            acc = greedy_tree_accept_on_device(layout, nodes, logits)
+        else:
+            p_target = probs_from_logits(logits, self.sampling)                          # (1+B, V)
+            acc = sampled_tree_accept_on_device(layout, nodes, p_target, self.device_generator)
         n, next_token, *rest = torch.cat([acc.n_accepted.view(1), acc.next_token.view(1), acc.keep_rows,
                                           nodes]).tolist()                                # the step's one host sync
         keep, node_list = rest[:acc.keep_rows.numel()], rest[acc.keep_rows.numel():][:tree.n_nodes]

@@ -7,8 +7,8 @@ On a GPU an eager step launches a few hundred small kernels from Python and is b
 memory: labkit's compiled loops run 10-40x faster there (data/bench/gpu_spec.md). On a CPU the eager loops are
 the fast ones (a kernel launch costs nothing beside a CPU matmul) and stay the default. The compiled loops cover
 greedy plain decoding (`StaticDecoder`), chain drafters greedy or sampled (`CompiledSpeculativeDecoder`, γ <= 8),
-and tree drafters that read no other features than the final hidden states, greedy (`CompiledTreeDecoder`, up to
-64 nodes); a request outside them runs on the eager loop, and the returned reason says why. loop="eager" or
+and tree drafters that read no other features than the final hidden states, greedy or sampled over trees of top-k
+picks (`CompiledTreeDecoder`, up to 64 nodes); a request outside them runs on the eager loop, and the returned reason says why. loop="eager" or
 "compiled" forces one (the compiled one raises when it cannot take the request). The compiled decoders are kept
 per model and cache size, so a second request reuses their compiled shapes and graphs.
 """
@@ -43,8 +43,9 @@ def why_not_compiled(model, drafter: Drafter | None, gamma, sampling: SamplingCo
     if drafter.reads_verdict:
         return f"the {drafter.name} drafter reads the target's verdict on every node"
     if tree:
-        if not sampling.greedy:
-            return "the compiled tree loop accepts greedily"
+        if not sampling.greedy and drafter.samples_tokens:
+            return (f"the {drafter.name} drafter samples its tokens (when sampling, the compiled tree loop accepts "
+                    "trees of top-k picks)")
         try:
             feature_taps(model, drafter)
         except ValueError:

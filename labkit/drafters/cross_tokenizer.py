@@ -135,6 +135,7 @@ class TokenIntersectionDrafter(CrossTokenizerDrafter):
     """A draft with another tokenizer restricted to the tokens both vocabularies share (Timor et al., 2025):
     each draft token is one target token, and q is a true distribution over the target's vocabulary."""
     name = "token-intersection"
+    samples_tokens = True               # when sampling, each token is drawn from q over the shared vocabulary
 
     def __init__(self, draft_model, draft_tokenizer, target_tokenizer):
         super().__init__(draft_model, draft_tokenizer, target_tokenizer)

@@ -29,6 +29,7 @@ from .window import DEFAULT_WINDOW, AutoWindow  # noqa: F401 (DEFAULT_WINDOW: re
 class DraftModelDrafter(Drafter):
     name = "draft"
     best_first = True                   # a chain: its first n tokens are the chain it drafts with k = n
+    samples_tokens = True               # when sampling, each token is drawn from the draft's distribution
 
     def __init__(self, model, stop_below: float | None = None, eos_token_ids: tuple[int, ...] = (),
                  window: int | None | AutoWindow = None, sinks: int = 4):

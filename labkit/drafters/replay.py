@@ -123,7 +123,7 @@ class PacedDrafter(Drafter):
             raise ValueError(f"paced_by must be a Drafter that does not read the verdict (its propose sets the cost), "
                              f"got {type(paced_by).__name__}")
         self.tokens_from, self.paced_by = tokens_from, paced_by
-        self.reads_features = paced_by.reads_features
+        self.reads_features, self.samples_tokens = paced_by.reads_features, tokens_from.samples_tokens
         self.name = f"{tokens_from.name}@{paced_by.name}-cost"
 
     def check_target(self, target) -> None:
