@@ -176,6 +176,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--threads", type=int, default=torch.get_num_threads(),
                    help="torch threads (1 can be much faster when other jobs share the cores)")
     b.add_argument("--no-chat-template", action="store_true", help="feed each first turn as raw text")
+    b.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="run each question's methods N rounds back to back; the fastest run of each counts (a rerun "
+                   "with a larger N adds the missing rounds)")
     b.add_argument("--out", default="bench_out", help="results.jsonl, tables and plots go here")
     b.add_argument("--note", default="", help="a sentence for the report's header (what else ran, say)")
     b.add_argument("--report-only", action="store_true",
@@ -411,7 +414,7 @@ def cmd_bench(a) -> int:
     config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, dtype, a.max_new_tokens,
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit,
                          a.backend, a.device, a.draft_precision, resolve_window(a.draft_window, a.device, a.loop),
-                         a.loop, a.layer_skip_tokens)
+                         a.loop, a.layer_skip_tokens, a.repeats)
     try:
         results = Path(a.out) / "results.jsonl" if a.report_only else run_bench(config)
     except KeyboardInterrupt:

@@ -376,3 +376,24 @@ def test_the_method_order_rotates_from_question_to_question():
     assert orders[3:] == orders[:3]
     assert all(sorted(o) == sorted(methods) for o in orders)
     assert rotated([], 4) == []
+
+
+def test_repeats_run_in_rounds_and_the_fastest_run_counts(pair, tmp_path):
+    from labkit.bench import write_report
+    config = tiny_config(pair, tmp_path, methods=["ar", "lookup"], limit=1, repeats=2)
+    run_bench(config, progress=False)
+    runs = [r for r in read_results(tmp_path / "results.jsonl") if "method" in r]
+    assert [(r["method"], r["repeat"]) for r in runs] == [("ar", 0), ("lookup", 0), ("lookup", 1), ("ar", 1)]
+    assert runs[0]["tokens"] == runs[3]["tokens"]                      # greedy: every repeat decodes the same
+    _, records = load_run(tmp_path / "results.jsonl")
+    for r in records:
+        mine = [x["seconds"] for x in runs if x["method"] == r["method"]]
+        assert r["runs"] == 2 and r["seconds_runs"] == mine and r["seconds"] == min(mine)
+    config.repeats = 3                                                 # a third round: only it runs
+    run_bench(config, progress=False)
+    assert [r.get("repeat") for r in read_results(tmp_path / "results.jsonl") if "method" in r][4:] == [2, 2]
+    assert {r["runs"] for r in load_run(tmp_path / "results.jsonl")[1]} == {3}
+    write_report(tmp_path / "results.jsonl", config.run_key)
+    assert "each ran 3 times in rounds back to back and the fastest run counts" in (tmp_path / "bench.md").read_text()
+    with pytest.raises(ValueError, match="--repeats must be >= 1"):
+        tiny_config(pair, tmp_path, methods=["ar"], repeats=0)

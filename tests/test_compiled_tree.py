@@ -225,9 +225,10 @@ def test_sampled_device_acceptance_draws_what_the_target_draws(tokens):
     assert pvalue(*joint_two_tokens(fresh_draw_when_none_agrees, torch.tensor(tokens), 20_000, seed=1)) < 1e-6
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["t1", "t0.7-topk5-topp0.9"])
-def test_sampled_output_has_the_targets_distribution(cfg):
-    """Medusa's top-k trees on the compiled loop: each position's token is distributed as the target's own samples."""
+def test_sampled_output_has_the_targets_distribution():
+    """Medusa's top-k trees on the compiled loop: each position's token is distributed as the target's own samples
+    (temperature 0.7, top-k 5, top-p 0.9: the filtered distribution)."""
+    cfg = CONFIGS[1]
     target = tiny_model(seed=3, vocab_size=V, std=0.4, n_layers=1)
     torch.manual_seed(1)
     heads = MedusaHeads(target.lm_head, n_heads=2)

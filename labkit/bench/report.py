@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..core.adaptive import expected_speedup
 from .methods import BASELINE, METHODS
-from .runner import read_results
+from .runner import best_runs, read_results
 
 ALL = "all"
 ORACLE = "oracle"
@@ -93,7 +93,8 @@ def ideal_speedup(steps: list[list] | None, baseline_steps: list[list], tree: bo
 
 
 def load_run(path: str | Path, run_key: str | None = None) -> tuple[dict, list[dict]]:
-    """(meta, records) of one run in a results file: `run_key`'s, or the latest run's."""
+    """(meta, records) of one run in a results file: `run_key`'s, or the latest run's; one record per (question,
+    method), its fastest repeat (runner.best_runs)."""
     records = read_results(Path(path))
     metas = [r for r in records if "meta" in r]
     if not metas:
@@ -102,7 +103,7 @@ def load_run(path: str | Path, run_key: str | None = None) -> tuple[dict, list[d
     meta = next((m["meta"] for m in reversed(metas) if m["run"] == run_key), None)
     if meta is None:
         raise ValueError(f"{path} holds no run {run_key!r}")
-    return meta, [r for r in records if r.get("run") == run_key and "method" in r]
+    return meta, best_runs([r for r in records if r.get("run") == run_key and "method" in r])
 
 
 def run_methods(records: list[dict]) -> list[str]:
@@ -261,7 +262,10 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
              + _ran_on(meta) + "Every ratio compares methods run back to back on the same question"
              + (", in an order rotated from one question to the next (no method always runs first)"
                 if meta.get("method_order") == "rotated" else "")
-             + ", which cancels slow drift, not bursts." + (f" {note}" if note else ""), "",
+             + (", which cancels slow drift, not bursts." if meta.get("repeats", 1) == 1 else
+                f"; each ran {meta['repeats']} times in rounds back to back and the fastest run counts, which "
+                "cancels slow drift and a burst that slowed one run.")
+             + (f" {note}" if note else ""), "",
              "Definitions: *tok/s* = new tokens / wall seconds (prefill included; for llama.cpp its own clocks, "
              "which leave out its process start and model load), summed over the questions; "
              "*× AR* = tok/s over labkit autoregressive's on the same questions; *× own* = tok/s over the plain "

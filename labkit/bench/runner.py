@@ -1,8 +1,11 @@
-"""The resumable loop: for each question, the baseline first, then every other method.
+"""The resumable loop: for each question, every method in turn (an order rotated from question to question).
 
 Each finished (question, method) is appended to `results.jsonl` at once and flushed, keyed by
 a hash of the settings that change the numbers; a rerun with the same settings skips what is
-there, so a crash or Ctrl-C loses no finished question.
+there, so a crash or Ctrl-C loses no finished question. With `repeats` > 1 each question's methods
+run that many rounds back to back and the report counts each pair's fastest run (`best_runs`): on a
+shared machine a burst of load slows one run, not the pair's number. A rerun with more repeats adds
+the missing rounds.
 """
 from __future__ import annotations
 
@@ -58,13 +61,14 @@ class BenchConfig:
     #                                            "auto": all where this machine reads it cheaply, drafters/window.py)
     loop: str = "auto"                 # decoding.loops: auto = the compiled loop on a GPU, eager elsewhere
     layer_skip_tokens: int = CALIBRATION_TOKENS   # calibration tokens the layer-skip search reads
+    repeats: int = 1                   # rounds of every method per question; the fastest run of each counts
 
     def __post_init__(self):
         self.methods = check_methods(default_methods(self.target, self.dtype) if self.methods is None
                                      else self.methods)
         check_target(self.methods, self.target)
         check_dtype(self.methods, self.dtype)
-        for name in ("max_new_tokens", "gamma", "lookup_tokens", "threads"):
+        for name in ("max_new_tokens", "gamma", "lookup_tokens", "threads", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.layer_skip_tokens < 16:
@@ -147,10 +151,20 @@ def load_recorded_steps(results: str | Path, method: str, max_gamma: int | None 
     return steps
 
 
-def done_pairs(records: list[dict], run_key: str) -> set[tuple[str, str, str]]:
-    """(question_id, question sha, method) already measured under these settings."""
-    return {(r["question_id"], r["question_sha"], r["method"]) for r in records
+def done_pairs(records: list[dict], run_key: str) -> set[tuple[str, str, str, int]]:
+    """(question_id, question sha, method, repeat) already measured under these settings."""
+    return {(r["question_id"], r["question_sha"], r["method"], r.get("repeat", 0)) for r in records
             if r.get("run") == run_key and "method" in r}
+
+
+def best_runs(records: list[dict]) -> list[dict]:
+    """One record per (question, method): the fastest of its repeats (most new tokens a second), with `runs` (how
+    many there were) and `seconds_runs` (each one's seconds) beside it, in the order the pairs first appear."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["question_id"], r["method"]), []).append(r)
+    return [{**max(rs, key=lambda r: r["new_tokens"] / r["seconds"]), "runs": len(rs),
+             "seconds_runs": [r["seconds"] for r in rs]} for rs in groups.values()]
 
 
 def _append(path: Path, record: dict) -> None:
@@ -214,12 +228,14 @@ def run_bench(config: BenchConfig, models: Models | None = None, progress: bool 
     questions = read_questions(config.questions, config.categories, config.limit)
     path = output_dir(config.out) / RESULTS
     done = done_pairs(read_results(path), config.run_key)
-    todo = [(q, [m for m in rotated(config.methods, i) if (q.question_id, q.sha, m) not in done])
+    todo = [(q, [(m, r) for r in range(config.repeats) for m in rotated(config.methods, i + r)
+                 if (q.question_id, q.sha, m, r) not in done])
             for i, q in enumerate(questions)]
     todo = [(q, ms) for q, ms in todo if ms]
     if not todo:
         if progress:
-            print(f"all {len(questions)} questions x {len(config.methods)} methods already in {path}")
+            print(f"all {len(questions)} questions x {len(config.methods)} methods x {config.repeats} repeats "
+                  f"already in {path}")
         return path
     threads_before = torch.get_num_threads()
     torch.set_num_threads(config.threads)
@@ -230,10 +246,10 @@ def run_bench(config: BenchConfig, models: Models | None = None, progress: bool 
     return path
 
 
-def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[str]]], path: Path, models: Models,
-                 progress: bool) -> None:
+def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[tuple[str, int]]]], path: Path,
+                 models: Models, progress: bool) -> None:
     _append(path, {"run": config.run_key, "meta": _meta(config, models)})
-    names = list(dict.fromkeys(m for _, ms in todo for m in ms))
+    names = list(dict.fromkeys(m for _, ms in todo for m, _ in ms))
     warm_ids = encode(models, Question("warm-up", "warm-up", WARM_UP_PROMPT), config.chat_template)
     for name in tqdm(names, desc="warm-up", disable=not progress):      # first calls allocate; not timed
         METHODS[name].build(models, WARM_UP_TOKENS, config.gamma, config.lookup_tokens)(warm_ids)
@@ -242,15 +258,16 @@ def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[str]]], pa
     bar = tqdm(total=sum(len(ms) for _, ms in todo), desc="question x method", disable=not progress)
     for q, pending in todo:
         ids = encode(models, q, config.chat_template)
-        for name in pending:
-            bar.set_postfix_str(f"{q.question_id} {name}")
+        for name, repeat in pending:
+            bar.set_postfix_str(f"{q.question_id} {name}" + (f" ({repeat + 1}/{config.repeats})" if config.repeats > 1
+                                                              else ""))
             t0 = time.perf_counter()
             result = runs[name](ids)
             wall = time.perf_counter() - t0
             m = METHODS[name]
             _append(path, {"run": config.run_key, "question_id": q.question_id, "question_sha": q.sha,
                            "category": q.category, "method": name, "reference": m.reference, "exact": m.exact,
-                           "prompt_tokens": ids.numel(), "new_tokens": len(result.tokens),
+                           "prompt_tokens": ids.numel(), "new_tokens": len(result.tokens), "repeat": repeat,
                            **asdict(result), "seconds": wall if result.seconds is None else result.seconds})
             bar.update()
     bar.close()
