@@ -394,6 +394,9 @@ def test_repeats_run_in_rounds_and_the_fastest_run_counts(pair, tmp_path):
     assert [r.get("repeat") for r in read_results(tmp_path / "results.jsonl") if "method" in r][4:] == [2, 2]
     assert {r["runs"] for r in load_run(tmp_path / "results.jsonl")[1]} == {3}
     write_report(tmp_path / "results.jsonl", config.run_key)
-    assert "each ran 3 times in rounds back to back and the fastest run counts" in (tmp_path / "bench.md").read_text()
+    md = (tmp_path / "bench.md").read_text()
+    assert "each ran 3 times in rounds back to back and the fastest run counts" in md
+    spread = json.loads((tmp_path / "bench.json").read_text())["meta"]["repeat_spread"]
+    assert spread["pairs"] == 2 and 1 <= spread["median"] <= spread["max"] and f"{spread['max'] - 1:.0%} at the most" in md
     with pytest.raises(ValueError, match="--repeats must be >= 1"):
         tiny_config(pair, tmp_path, methods=["ar"], repeats=0)

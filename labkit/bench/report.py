@@ -92,6 +92,15 @@ def ideal_speedup(steps: list[list] | None, baseline_steps: list[list], tree: bo
     return expected_speedup(alpha, gamma, draft_cost, verify_cost)
 
 
+def repeat_spread(records: list[dict]) -> dict:
+    """How far apart the repeats of one (question, method) were: the median and the largest slowest / fastest
+    seconds over the pairs timed more than once ({} when none was)."""
+    spreads = sorted(max(r["seconds_runs"]) / min(r["seconds_runs"]) for r in records if r.get("runs", 1) > 1)
+    if not spreads:
+        return {}
+    return {"repeat_spread": {"median": spreads[len(spreads) // 2], "max": spreads[-1], "pairs": len(spreads)}}
+
+
 def load_run(path: str | Path, run_key: str | None = None) -> tuple[dict, list[dict]]:
     """(meta, records) of one run in a results file: `run_key`'s, or the latest run's; one record per (question,
     method), its fastest repeat (runner.best_runs)."""
@@ -227,6 +236,14 @@ def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mi
                decode_speedup=decode / base_decode if decode and base_decode else None)
 
 
+def _spread_sentence(meta: dict) -> str:
+    spread = meta.get("repeat_spread")
+    if not spread:
+        return ""
+    return (f" (the slowest of a pair's runs took {spread['median'] - 1:.0%} longer than its fastest in the median "
+            f"pair, {spread['max'] - 1:.0%} at the most)")
+
+
 def _fmt(x, spec: str = "{:.2f}") -> str:
     return "–" if x is None else spec.format(x)
 
@@ -264,7 +281,7 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
                 if meta.get("method_order") == "rotated" else "")
              + (", which cancels slow drift, not bursts." if meta.get("repeats", 1) == 1 else
                 f"; each ran {meta['repeats']} times in rounds back to back and the fastest run counts, which "
-                "cancels slow drift and a burst that slowed one run.")
+                "cancels slow drift and a burst that slowed one run" + _spread_sentence(meta) + ".")
              + (f" {note}" if note else ""), "",
              "Definitions: *tok/s* = new tokens / wall seconds (prefill included; for llama.cpp its own clocks, "
              "which leave out its process start and model load), summed over the questions; "
@@ -316,7 +333,7 @@ def write_report(results: str | Path, run_key: str | None = None, note: str = ""
     results = Path(results)
     meta, records = load_run(results, run_key)
     rows, mismatches = aggregate(records, meta.get("labels"))
-    meta = {**meta, "oracle_picks": oracle_picks(records)}
+    meta = {**meta, "oracle_picks": oracle_picks(records), **repeat_spread(records)}
     out = results.parent
     paths = [out / "bench.md", out / "bench.csv", out / "bench.json"]
     if not rows:
