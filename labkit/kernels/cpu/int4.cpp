@@ -288,30 +288,33 @@ LK4_PAIR_SUMS(0, 0, 2, 4)
 LK4_PAIR_SUMS(1, 1, 3, 5)
 #undef LK4_PAIR_SUMS
 
-// One block of 16 columns on the tile unit: acc (n_chunks * R x 16 fp32) = its rows' products. Per chunk of R
-// rows, AGP pairs of groups at a time: their weights unpacked, multiplied (two groups a multiply), then folded
-// with their scales as tile() folds them, lane for lane, the R accumulators held in registers throughout.
-// Each stage runs over all AGP pairs before the next reads what it stored: a tile load of weights just stored
-// by vector code, or a vector load of sums just stored from a tile, waits until the store reaches the cache.
+// One block of 16 columns on the tile unit: acc (n_chunks * R x 16 fp32) = its rows' products. AGP pairs of groups
+// at a time: their weights unpacked once, then for each chunk of R rows multiplied (two groups a multiply) and
+// folded with their scales as tile() folds them, lane for lane, the chunk's R accumulators in registers for the
+// stage (in acc between stages). A call of many rows (a prompt) unpacks each weight once, not once per chunk.
+// Each step runs over all AGP pairs before the next reads what it stored: a tile load of weights just stored by
+// vector code, or a vector load of sums just stored from a tile, waits until the store reaches the cache.
 template <int R>
 static void block_amx(const int8_t* xd, const float* sx, const float* sxsum, int64_t n_chunks, int64_t K,
                       const uint8_t* wb, const uint16_t* sb, const uint8_t* w_end, uint8_t (*wt)[2 * QUADS * 64],
                       int32_t (*c)[2 * AMX_ROWS * NBQ], float* acc) {
   const int64_t G = K / GROUP, P = (G + 1) / 2;
-  for (int64_t ch = 0; ch < n_chunks; ++ch) {
-    const float* sxc = sx + ch * R * G, *sxsumc = sxsum + ch * R * G;
-    __m512 a[R];
-    for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
-    for (int64_t p0 = 0; p0 < P; p0 += AGP) {
-      const int np = (int)std::min<int64_t>(AGP, P - p0);
-      // weights PF_AHEAD bytes ahead (blocks lie one after another) into L2, a pair's worth beside each pair
-      const uint8_t* ahead = wb + p0 * 2 * QUADS * 32 + PF_AHEAD;
-      for (int j = 0; j < np; ++j) {
-        if (ahead + (j + 1) * 2 * QUADS * 32 <= w_end)
-          for (int o = 0; o < 2 * QUADS * 32; o += 64) _mm_prefetch((const char*)(ahead + j * 2 * QUADS * 32 + o), _MM_HINT_T1);
-        for (int h = 0; h < 2 && 2 * (p0 + j) + h < G; ++h)
-          unpack_group(wb + (2 * (p0 + j) + h) * QUADS * 32, wt[j] + h * QUADS * 64);
-      }
+  std::fill_n(acc, n_chunks * R * NBQ, 0.f);
+  for (int64_t p0 = 0; p0 < P; p0 += AGP) {
+    const int np = (int)std::min<int64_t>(AGP, P - p0);
+    // weights PF_AHEAD bytes ahead (blocks lie one after another) into L2, a pair's worth beside each pair
+    const uint8_t* ahead = wb + p0 * 2 * QUADS * 32 + PF_AHEAD;
+    for (int j = 0; j < np; ++j) {
+      if (ahead + (j + 1) * 2 * QUADS * 32 <= w_end)
+        for (int o = 0; o < 2 * QUADS * 32; o += 64) _mm_prefetch((const char*)(ahead + j * 2 * QUADS * 32 + o), _MM_HINT_T1);
+      for (int h = 0; h < 2 && 2 * (p0 + j) + h < G; ++h)
+        unpack_group(wb + (2 * (p0 + j) + h) * QUADS * 32, wt[j] + h * QUADS * 64);
+    }
+    for (int64_t ch = 0; ch < n_chunks; ++ch) {
+      const float* sxc = sx + ch * R * G, *sxsumc = sxsum + ch * R * G;
+      float* ac = acc + ch * R * NBQ;
+      __m512 a[R];
+      for (int r = 0; r < R; ++r) a[r] = _mm512_loadu_ps(ac + r * NBQ);
       const int8_t* xc = xd + (ch * P + p0) * 2 * R * 64;
       for (int j = 0; j < np; ++j) {
         if (j % 2 == 0) pair_sums0(wt[j], xc + j * 2 * R * 64, c[j]);
@@ -331,8 +334,8 @@ static void block_amx(const int8_t* xd, const float* sx, const float* sxsum, int
             a[r] = _mm512_fmadd_ps(lo, c2, a[r]);
           }
         }
+      for (int r = 0; r < R; ++r) _mm512_storeu_ps(ac + r * NBQ, a[r]);
     }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + (ch * R + r) * NBQ, a[r]);
   }
 }
 
