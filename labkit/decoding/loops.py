@@ -8,9 +8,10 @@ memory: labkit's compiled loops run 10-40x faster there (data/bench/gpu_spec.md)
 the fast ones (a kernel launch costs nothing beside a CPU matmul) and stay the default. The compiled loops cover
 greedy plain decoding (`StaticDecoder`), chain drafters greedy or sampled (`CompiledSpeculativeDecoder`, γ <= 8),
 and tree drafters that read no other features than the final hidden states, greedy or sampled over trees of top-k
-picks (`CompiledTreeDecoder`, up to 64 nodes); a request outside them runs on the eager loop, and the returned reason says why. loop="eager" or
-"compiled" forces one (the compiled one raises when it cannot take the request). The compiled decoders are kept
-per model and cache size, so a second request reuses their compiled shapes and graphs.
+picks (`CompiledTreeDecoder`, up to 64 nodes); a request outside them runs on the eager loop, and the returned
+reason says why. loop="eager" or "compiled" forces one (the compiled one raises when it cannot take the request).
+The compiled decoders are kept per model and cache size, so a second request reuses their compiled shapes and
+graphs.
 """
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ class Drafter(ABC):
     reads_features: bool = False          # True: drafts from the target's features (the tree loop gives them)
     reads_verdict: bool = False           # True: wants the target's greedy token after every proposed node
     best_first: bool = False              # True: the first n nodes of a proposal are its proposal with budget n
-    samples_tokens: bool = False          # True: when sampling, its tokens are draws from q (Proposal.q_draft), not top-k picks
+    samples_tokens: bool = False          # True: sampled tokens are draws from q (Proposal.q_draft), not top-k picks
 
     def check_target(self, target) -> None:
         """Raise ValueError, saying what to do, when this drafter cannot draft for `target`."""
