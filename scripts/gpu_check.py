@@ -52,10 +52,11 @@ from labkit.bench.runner import load_recorded_steps  # noqa: E402
 from labkit.bench.writer import markdown_table, subplots, write_outputs  # noqa: E402
 from labkit.decoding.compiled import CompiledSpeculativeDecoder, bucket  # noqa: E402
 from labkit.decoding.compiled_tree import CompiledTreeDecoder, tree_bucket  # noqa: E402
-from labkit.decoding.static import StaticDecoder, capture_graph  # noqa: E402
+from labkit.decoding.static import StaticDecoder  # noqa: E402
 from labkit.drafters.medusa import MedusaDrafter, medusa_tree
 from labkit.drafters.replay import CostOnly, PacedDrafter, ReplayDrafter, ReplayTreeDrafter  # noqa: E402
 from labkit.hw import SHAPES, decode_cost, describe, verify_cost  # noqa: E402
+from labkit.models.cuda_graph import capture_graph  # noqa: E402
 from labkit.models.eagle_heads import Eagle3Head, EagleConfig
 from labkit.models.medusa_heads import MedusaHeads
 from labkit.models.transformer import ModelArgs, Transformer  # noqa: E402
@@ -139,14 +140,17 @@ def scrub(text: str) -> str:
 
 
 def run_tests(seconds: float, which: str = "cuda") -> dict:
-    """The CUDA tests of both decode paths (-k cuda), or the whole unit tier (`which` = "all": tests/, spread over
-    the CPU's cores where pytest-xdist is installed), killed after `seconds`."""
+    """The CUDA tests of the static and compiled loops (-k cuda), or the whole unit tier (`which` = "all": tests/),
+    killed after `seconds`."""
     if importlib.util.find_spec("pytest") is None:
         return {"rc": None, "summary": "pytest is not installed here: tests not run", "seconds": 0.0}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-k", "cuda", "-p", "no:cacheprovider", *TESTS]
+    # spread over the CPU's cores where pytest-xdist is installed: each test compiles its own small shapes (on an
+    # H200's 16 cores the CUDA tests take about 75 s on 8 workers, and did not finish in 230 s on one)
+    most = 14 if which == "all" else 8
+    workers = ["-n", str(max(1, min(most, (os.cpu_count() or 2) - 2)))] \
+        if importlib.util.find_spec("xdist") is not None else []
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-k", "cuda", "-p", "no:cacheprovider", *workers, *TESTS]
     if which == "all":
-        workers = ["-n", str(max(1, min(14, (os.cpu_count() or 2) - 2)))] \
-            if importlib.util.find_spec("xdist") is not None else []
         cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *workers, "tests"]
     print("[tests]", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
@@ -312,6 +316,19 @@ def eagle3_cost(target: Transformer, context: int, top_k: int = 8, depth: int = 
     return graph.replay
 
 
+def tree_drafter(key: str, target: Transformer, continuation: list[int], recorded: list, max_len: int):
+    """(the replay, the replay paced by its head's real cost): Medusa's four heads on the target's LM head
+    (MedusaDrafter itself, random weights) or EAGLE-3's drafting forwards (eagle3_cost)."""
+    replay = ReplayTreeDrafter(continuation, recorded, target.vocab_size, depth=6)
+    if key == "medusa":
+        config = json.loads(next(HEADS.glob("medusa-*/config.json")).read_text())
+        heads = MedusaHeads(target.lm_head, config["n_heads"]).to(target.device)
+        paced_by = MedusaDrafter(heads, medusa_tree(torch.tensor(config["topk_accuracy"]), MAX_TREE))
+    else:
+        paced_by = CostOnly(eagle3_cost(target, max_len), "eagle3-head")
+    return replay, PacedDrafter(replay, paced_by)
+
+
 def bench_trees(name: str, target: Transformer, mode: dict, prompt: torch.Tensor, new: int, continuation: list[int],
                 ar: dict, result: dict, budget: Budget, peak: float | None, rows: list) -> None:
     """Compiled tree speculation replaying Medusa's and EAGLE-3's coding acceptance, each paced by its head's real
@@ -325,15 +342,8 @@ def bench_trees(name: str, target: Transformer, mode: dict, prompt: torch.Tensor
         if not budget.allows(need if dec is None else 30, f"{name}, {mode['label']}, tree replay {key}"):
             continue
         with phase(result, f"{name}, {mode['label']}, tree replay {key}"):
-            replay = ReplayTreeDrafter(continuation, recorded, target.vocab_size, depth=6)
             t0 = time.perf_counter()
-            if key == "medusa":
-                config = json.loads(next(HEADS.glob("medusa-*/config.json")).read_text())
-                heads = MedusaHeads(target.lm_head, config["n_heads"]).to(target.device)
-                paced_by = MedusaDrafter(heads, medusa_tree(torch.tensor(config["topk_accuracy"]), MAX_TREE))
-            else:
-                paced_by = CostOnly(eagle3_cost(target, max_len), "eagle3-head")
-            drafter = PacedDrafter(replay, paced_by)
+            replay, drafter = tree_drafter(key, target, continuation, recorded, max_len)
             if dec is None:
                 dec = CompiledTreeDecoder(target, drafter, max_len, **mode["static"])
             else:

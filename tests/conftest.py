@@ -46,6 +46,20 @@ def tiny_model(seed: int = 0, std: float = 0.15, **overrides) -> Transformer:
     return Transformer(ModelArgs(**{**TINY, **overrides})).init_random(std=std, seed=seed).eval().requires_grad_(False)
 
 
+def host_syncs(fn) -> int:
+    """How many times fn makes the host wait for the GPU (torch's sync debug mode: .item(), .tolist(), a copy from
+    ordinary memory, a 0-d tensor used as an index...)."""
+    import warnings
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def perturbed(model: Transformer, scale: float, seed: int = 1) -> Transformer:
     """A copy of `model` with Gaussian noise on every weight: a draft that agrees with it only partly."""
     draft = copy.deepcopy(model)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import perturbed, tiny_model
+from conftest import host_syncs, perturbed, tiny_model
 from scipy.stats import chisquare
 from test_sampling import CONFIGS, N_POS, N_RUNS, PROMPT, V, chi2_pvalues, exact_marginals
 
@@ -316,6 +316,25 @@ def test_cuda_graphs_greedy_equals_autoregressive_on_gpu():
                 out = dec.generate(prompt, max_new_tokens=40, gamma=gamma)
                 assert out.tokens == ref, (drafter.name, prompt.tolist(), gamma)
                 assert all(s.verify_time > 0 for s in out.trace.steps)
+
+
+@CUDA
+def test_cuda_chain_step_makes_one_host_sync():
+    """The step's one read of the verdict, and no other wait for the GPU: a host drafter's tokens travel from
+    page-locked memory, a draft model drafts on the device; greedy and sampled."""
+    target = tiny_model(seed=0).cuda()
+    draft = perturbed(tiny_model(seed=0), scale=0.3).cuda()
+    prompt = PROMPTS[0]
+    replay, _ = recorded_run(target, prompt, [(4, 2), (3, 3)], max_new_tokens=40)
+    greedy, sampled = SamplingConfig(), SamplingConfig(temperature=0.8)
+    for drafter, samplings in ((DraftModelDrafter(draft), (greedy, sampled)),
+                               (PromptLookupDrafter(), (greedy, sampled)),
+                               (PacedDrafter(replay, DraftModelDrafter(draft)), (greedy,))):   # a replay: greedy only
+        dec = CompiledSpeculativeDecoder(target, drafter, max_len=64, cuda_graph=True)
+        dec.generate(prompt, max_new_tokens=40, gamma=4)                      # records the graphs
+        for sampling in samplings:
+            dec.start(prompt, 40, gamma=4, sampling=sampling, seed=0)
+            assert [host_syncs(dec.step) for _ in range(4)] == [1] * 4, (drafter.name, sampling)
 
 
 @CUDA

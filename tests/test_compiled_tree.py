@@ -12,7 +12,7 @@ variant (scripts/gpu_check.py runs it).
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import host_syncs, tiny_model
 from scipy.stats import chisquare
 from test_sampling import CONFIGS, N_POS, N_RUNS, PROMPT, V, chi2_pvalues, exact_marginals
 
@@ -166,6 +166,18 @@ def test_cuda_graphs_tree_greedy_equals_autoregressive_on_gpu():
         assert runs[0] == runs[1] and len(runs[0]) == 24                 # a seed fixes the device's draws
 
 
+@CUDA
+def test_cuda_tree_step_makes_one_host_sync():
+    """The step's one read of the verdict, and no other wait for the GPU: Medusa's heads replayed as a graph, the
+    acceptance indexing with one-element tensors, the commit queued before the read."""
+    model = tiny_model(seed=0).cuda()
+    dec = CompiledTreeDecoder(model, medusa(model), max_len=128, cuda_graph=True)
+    dec.generate(PROMPTS[0], 24, budget=12)                                   # records the graphs
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=0.8, top_k=3)):
+        dec.start(PROMPTS[0], 24, budget=12, sampling=sampling, seed=0)
+        assert [host_syncs(dec.step) for _ in range(4)] == [1] * 4
+
+
 @pytest.mark.parametrize("compile", [False, "blocks"], ids=["static", "traced-blocks"])
 def test_eagle3_reads_three_blocks_from_the_verify_and_stays_exact(compile):
     deeper = tiny_model(seed=0, n_layers=3)
@@ -225,23 +237,26 @@ def test_sampled_device_acceptance_draws_what_the_target_draws(tokens):
     assert pvalue(*joint_two_tokens(fresh_draw_when_none_agrees, torch.tensor(tokens), 20_000, seed=1)) < 1e-6
 
 
-def test_sampled_output_has_the_targets_distribution():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)], ids=["cpu", "cuda-graphs"])
+def test_sampled_output_has_the_targets_distribution(device):
     """Medusa's top-k trees on the compiled loop: each position's token is distributed as the target's own samples
-    (temperature 0.7, top-k 5, top-p 0.9: the filtered distribution)."""
+    (temperature 0.7, top-k 5, top-p 0.9: the filtered distribution); on a GPU with the verify replayed as a CUDA
+    graph and the draws made on the device."""
     cfg = CONFIGS[1]
     target = tiny_model(seed=3, vocab_size=V, std=0.4, n_layers=1)
     torch.manual_seed(1)
     heads = MedusaHeads(target.lm_head, n_heads=2)
     for block in heads.blocks:
         torch.nn.init.normal_(block.linear.weight, std=0.5)
+    exact = exact_marginals(target, cfg)                              # on the CPU, before the model moves
+    target, heads = target.to(device), heads.to(device)
     dec = CompiledTreeDecoder(target, MedusaDrafter(heads, [(0,), (1,), (0, 0), (2,), (0, 1)]),
-                              max_len=PROMPT.numel() + N_POS + 70)
+                              max_len=PROMPT.numel() + N_POS + 70, cuda_graph=device == "cuda")
     counts, accepted = np.zeros((N_POS, V)), 0
     for seed in range(N_RUNS):
         out = dec.generate(PROMPT, N_POS, budget=5, sampling=cfg, seed=seed)
         counts[np.arange(N_POS), out.tokens] += 1
         accepted += sum(s.n_accepted for s in out.trace.steps)
     assert accepted > N_RUNS // 4                                    # the trees were accepted from, not just verified
-    exact = exact_marginals(target, cfg)
     assert (counts[exact == 0] == 0).all()                          # top-k / top-p: never a token they cut
     assert min(p for p in chi2_pvalues(counts, exact) if not np.isnan(p)) > 1e-3   # (nan: one possible token)

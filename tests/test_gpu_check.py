@@ -25,3 +25,24 @@ def test_smoke_run_writes_every_output_and_replays_the_recorded_acceptance(tmp_p
         assert (tmp_path / name).is_file() and (tmp_path / "device_out" / name).is_file()
     assert json.loads((tmp_path / "gpu_spec.json").read_text())["label"] == "replayed acceptance"
     assert "Replayed acceptance" in (tmp_path / "gpu_spec.md").read_text()
+
+
+def test_tree_step_profile_accounts_for_each_part_of_a_step(tmp_path, monkeypatch):
+    """scripts/profile_tree_step.py --smoke: the host time of every part of the compiled tree step, and the profiler's
+    view of them, for a replayed tree that reproduces the target's own tokens."""
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location("profile_tree_step", ROOT / "scripts" / "profile_tree_step.py")
+    profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile)
+    result = profile.main(["--smoke", "--replays", "medusa-unpaced,medusa", "--prompt-len", "12", "--new-tokens", "32",
+                           "--out", str(tmp_path)])
+    for key, row in result["replays"].items():
+        assert not row["diverged"] and row["tokens_per_s"] > 0 and row["steps"] > 3, key
+        host = row["host_ms_per_step"]
+        assert {"verify (graph replay)", "accept on the device", "commit_path"} <= set(host)
+        assert all(v > 0 for k, v in host.items() if not k.startswith("the rest")), host
+        assert all(r["cpu_ms_per_step"] > 0 for r in row["profiler"]["ranges"].values())
+        assert {"verify (graph replay)", "send the ids"} <= set(row["profiler"]["ranges"])
+    assert result["replays"]["medusa"]["alone_ms"]["medusa4.propose"] > 0
+    assert "## medusa replay" in (tmp_path / "tree_step_profile.md").read_text()

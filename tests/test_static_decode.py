@@ -7,7 +7,7 @@ inductor's code generation, which the GPU benchmark scripts/bench_decode.py exer
 """
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import host_syncs, tiny_model
 
 from labkit import autoregressive_generate
 from labkit.decoding.static import StaticDecoder, static_forward
@@ -64,6 +64,22 @@ def test_the_static_decoder_steps_like_any_decoder_and_stops_at_eos():
     early = StaticDecoder(model, max_len=40).generate(prompt, 12, eos_token_ids=(stop,))
     assert early.tokens == ref[:ref.index(stop) + 1] and early.trace.stop_reason == "eos"
 
+@pytest.mark.parametrize("read_every", [3, 8])
+def test_steps_fed_on_the_device_and_read_in_chunks_equal_autoregressive(read_every):
+    """read_every steps back to back, each fed by the last one's greedy token on the device, then read at once: the
+    same tokens, one Step each, and an end-of-sequence token in the middle of a chunk ends the output there."""
+    model = tiny_model(seed=3)
+    prompt = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+    ref = autoregressive_generate(model, prompt, max_new_tokens=20).tokens
+    dec = StaticDecoder(model, max_len=40, read_every=read_every)
+    run = dec.generate(prompt, max_new_tokens=20)
+    assert run.tokens == ref and len(run.trace.steps) == 20 and dec.cache.length == len(prompt) + 19
+    stop = ref[4]                                                   # the 5th token: inside the first or second chunk
+    early = dec.generate(prompt, 20, eos_token_ids=(stop,))
+    assert early.tokens == ref[:ref.index(stop) + 1] and early.trace.stop_reason == "eos"
+    assert dec.generate(prompt[:5], max_new_tokens=7).tokens == autoregressive_generate(model, prompt[:5], 7).tokens
+
+
 def test_static_decoder_refuses_what_it_cannot_do(tiny_target):
     with pytest.raises(ValueError, match="cuda_graph=True needs the model on a CUDA device"):
         StaticDecoder(tiny_target, max_len=16, cuda_graph=True)
@@ -74,6 +90,8 @@ def test_static_decoder_refuses_what_it_cannot_do(tiny_target):
         StaticDecoder(tiny_target, max_len=tiny_target.max_seq_len + 1)
     with pytest.raises(ValueError, match="pass compile=True"):
         StaticDecoder(tiny_target, max_len=16, compile_options={"coordinate_descent_tuning": True})
+    with pytest.raises(ValueError, match="read_every=0: pass the number of tokens"):
+        StaticDecoder(tiny_target, max_len=16, read_every=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and inductor's GPU code need a CUDA device")
@@ -84,5 +102,10 @@ def test_cuda_graph_greedy_equals_autoregressive_on_gpu(compile, options):
     prompt = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
     ref = autoregressive_generate(model, prompt, max_new_tokens=24).tokens
     dec = StaticDecoder(model, max_len=40, compile=compile, cuda_graph=True, compile_options=options)
+    assert dec.read_every == 8                                               # chunks of 8, read once each
     assert dec.generate(prompt, max_new_tokens=24).tokens == ref
+    stop = ref[10]
+    assert dec.generate(prompt, 24, eos_token_ids=(stop,)).tokens == ref[:ref.index(stop) + 1]
+    dec.start(prompt, 24)
+    assert [host_syncs(dec.step) for _ in range(3)] == [1, 1, 1] and dec.tokens[len(prompt):] == ref  # 8 a read
     assert dec.generate(prompt[:5], max_new_tokens=10).tokens == autoregressive_generate(model, prompt[:5], 10).tokens

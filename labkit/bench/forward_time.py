@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..decoding.static import capture_graph, static_forward
+from ..decoding.static import static_forward
+from ..models.cuda_graph import capture_graph
 from ..models.kv_cache import StaticKVCache
 from ..models.transformer import Transformer
 

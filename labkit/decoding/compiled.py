@@ -35,10 +35,11 @@ from ..core.trace import Step
 from ..drafters.base import Drafter
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.replay import PacedDrafter
+from ..models.cuda_graph import capture_graph
 from ..models.kv_cache import StaticKVCache
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
-from .static import capture_graph, compiled, prefill, static_forward
+from .static import compiled, prefill, static_forward
 
 BUCKETS = (1, 2, 4, 8)      # draft lengths the verify forward is compiled for; K pads up to the next one
 MAX_GAMMA = BUCKETS[-1]
@@ -260,6 +261,9 @@ class CompiledSpeculativeDecoder(Decoder):
         self.model, self.max_len = model, max_len
         self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
         self.verify_steps = {b: FixedShapeStep(model, self.cache, b + 1, **self.compiled) for b in BUCKETS}
+        # a host drafter's tokens travel from page-locked memory, without waiting for the device (a copy from
+        # ordinary memory waits for every queued kernel first: the draft model's, on a paced draft)
+        self.draft_host = torch.zeros(MAX_GAMMA, dtype=torch.long, pin_memory=p.device.type == "cuda")
         self.use_drafter(drafter)
 
     def use_drafter(self, drafter: Drafter) -> None:
@@ -372,8 +376,12 @@ class CompiledSpeculativeDecoder(Decoder):
         if k and self.draft is not None:                        # the draft model's k forwards, queued on the device
             draft, q_draft = self.draft.propose(self.tokens, k, self.sampling, self.device_generator)
         if proposal is not None:                                # the host's tokens, copied over (a paced draft's
-            draft = proposal.tokens[:k].to(device)              # own tokens are only its cost)
-            q_draft = None if self.sampling.greedy else proposal.q_or_one_hot(V)[:k].to(device)
+            draft = proposal.tokens[:k]                         # own tokens are only its cost)
+            if device.type == "cuda":                           # the buffer is free: the last step's copy ended
+                draft = self.draft_host[:k].copy_(draft).to(device, non_blocking=True)     # before its sync
+            q_draft = (None if self.sampling.greedy else                                    # (K, V)
+                       torch.nn.functional.one_hot(draft, V).float() if proposal.q_draft is None else
+                       proposal.q_draft[:k].to(device))
         return draft, q_draft
 
     def verify(self, draft: torch.Tensor) -> torch.Tensor:

@@ -119,14 +119,15 @@ def sampled_tree_accept_on_device(t: TreeLayout, nodes: torch.Tensor, p_target: 
 
 
 def deepest_good_path(t: TreeLayout, good: torch.Tensor, picks: torch.Tensor) -> TreeAcceptanceOnDevice:
-    """The first of the deepest nodes whose whole path is good (B,), and the pick (1+B,) after it."""
+    """The first of the deepest nodes whose whole path is good (B,), and the pick (1+B,) after it. Every index is a
+    one-element tensor, never a 0-d one: indexing with a 0-d tensor reads it back to the host (on a GPU, a sync)."""
     whole_path_good = ~(t.ancestors & ~good).any(-1)                             # (B,)
     score = torch.where(whole_path_good, t.depth, 0)                             # (B,)
-    best = score.argmax()                                                        # () the first of the deepest
-    n = score[best]
-    last_row = torch.where(n > 0, best + 1, 0)                                   # () the root when none agreed
-    keep_rows = torch.cat([last_row.new_zeros(1), t.path_rows[best]])            # (1+D,)
-    return TreeAcceptanceOnDevice(n, keep_rows, picks[last_row])
+    best = score.argmax().view(1)                                                # (1,) the first of the deepest
+    n = score.index_select(0, best)                                              # (1,)
+    last_row = torch.where(n > 0, best + 1, 0)                                   # (1,) the root when none agreed
+    keep_rows = torch.cat([last_row.new_zeros(1), t.path_rows.index_select(0, best)[0]])   # (1+D,)
+    return TreeAcceptanceOnDevice(n[0], keep_rows, picks.index_select(0, last_row)[0])
 
 
 def feature_taps(model: Transformer, drafter: Drafter) -> tuple[int, ...]:
@@ -166,7 +167,9 @@ class CompiledTreeDecoder(Decoder):
         self.layouts: dict[tuple, TreeLayout] = {}      # (width, parents): the tree shapes seen, on the device
         # the step's root and node ids travel in one copy: from page-locked memory on a GPU, without waiting
         self.ids_host = torch.zeros(1 + MAX_NODES, dtype=torch.long, pin_memory=p.device.type == "cuda")
+        self.ids_np = self.ids_host.numpy()           # the same memory: filled without a torch op each write
         self.ids = torch.zeros(1 + MAX_NODES, dtype=torch.long, device=p.device)   # (1+64,)
+        self.blocks_in: dict[int, TreeLayout] = {}    # bucket: the layout whose block its verify buffer holds
         self.use_drafter(drafter)
 
     def use_drafter(self, drafter: Drafter) -> None:
@@ -181,6 +184,7 @@ class CompiledTreeDecoder(Decoder):
         if taps != self.taps:
             self.verify_steps = {b: FixedShapeStep(self.model, self.cache, 1 + b, tree=True, taps=taps, **self.how)
                                  for b in TREE_BUCKETS}
+            self.blocks_in = {}
         self.drafter, self.taps = drafter, taps
 
     @torch.no_grad()
@@ -250,22 +254,26 @@ class CompiledTreeDecoder(Decoder):
         else:
             p_target = probs_from_logits(logits, self.sampling)                          # (1+B, V)
             acc = sampled_tree_accept_on_device(layout, nodes, p_target, self.device_generator)
-        n, next_token, *rest = torch.cat([acc.n_accepted.view(1), acc.next_token.view(1), acc.keep_rows,
-                                          nodes]).tolist()                                # the step's one host sync
+        # 4. Commit, queued before the sync: the root's and the deepest path's keys and values to the slots right
+        #    after the committed ones (all D + 1 rows: those past the accepted ones land where no token looks)
+        self.cache.commit_path(acc.keep_rows, start=n_cached)
+        verdict = torch.cat([acc.n_accepted.view(1), acc.next_token.view(1), acc.keep_rows, nodes])  # (2+1+D+B,)
+        q_token = proposal.q_token                                                       # (N,) the drafter's confidence
+        read_q = q_token.device == nodes.device          # a drafter's on the device (Medusa's): read with the verdict
+        values = (torch.cat([verdict.double(), q_token.double()]) if read_q else verdict).tolist()  # the one sync
+        n, next_token, *rest = map(int, values[:verdict.numel()])
         keep, node_list = rest[:acc.keep_rows.numel()], rest[acc.keep_rows.numel():][:tree.n_nodes]
+        q_list = values[verdict.numel():] if read_q else q_token.tolist()
         draft_time, verify_time = clock.seconds()
-        # 4. Commit: the root's and the path's keys and values to the slots right after the committed ones
-        keep_rows = acc.keep_rows[:n + 1]                                                # (1+n,) root, path
-        self.cache.commit_path(keep_rows, start=n_cached)
+        self.cache.length = n_cached + n + 1
         if self.drafter.reads_features:
-            self.drafter.commit(n_cached + n + 1, hidden[keep_rows])
+            self.drafter.commit(n_cached + n + 1, hidden[acc.keep_rows[:n + 1]])
         else:
             self.drafter.commit(n_cached + n + 1)
         path = [r - 1 for r in keep[1:n + 1]]
         new_tokens = self._commit([node_list[i] for i in path] + [next_token])
         step = Step(node_list, n, next_token, bool(n) and tree.is_leaf[path[-1]].item(), draft_time,
-                    verify_time, q_draft=proposal.q_token.tolist(), parents=tree.parents.tolist(), path=path,
-                    asked=budget)
+                    verify_time, q_draft=q_list, parents=tree.parents.tolist(), path=path, asked=budget)
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
 
@@ -286,13 +294,13 @@ class CompiledTreeDecoder(Decoder):
         heads' picks) are copied there, never read back before the step's sync. The verify's token buffer gets
         them, padding as 0."""
         N, on_host = node_tokens.numel(), node_tokens.device.type == "cpu"
-        host = self.ids_host[:1 + width]        # free again: the last step's copy finished before its host sync
+        host = self.ids_np[:1 + width]          # free again: the last step's copy finished before its host sync
         host[0] = self.tokens[-1]
         if on_host:
-            host[1:1 + N] = node_tokens
+            host[1:1 + N] = node_tokens.numpy()
         host[1 + N:] = -1
         ids = self.ids[:1 + width]
-        ids.copy_(host, non_blocking=True)
+        ids.copy_(self.ids_host[:1 + width], non_blocking=True)
         if not on_host:
             ids[1:1 + N].copy_(node_tokens)
         torch.clamp(ids, min=0, out=self.verify_steps[width].tokens[0])
@@ -302,7 +310,9 @@ class CompiledTreeDecoder(Decoder):
         """Hidden states (1+B, D) and logits (1+B, V) of the root and the padded tree (its tokens already in the
         width's buffer, `send`), written at the slots n_cached .. n_cached + B."""
         step = self.verify_steps[nodes.numel()]
-        step.block.copy_(layout.block)
+        if self.blocks_in.get(nodes.numel()) is not layout:     # a static tree's block is copied once
+            step.block.copy_(layout.block)
+            self.blocks_in[nodes.numel()] = layout
         torch.add(layout.positions, n_cached, out=step.positions)
         step.at(n_cached)
         self.cache.length = n_cached + 1 + nodes.numel()

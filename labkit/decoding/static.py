@@ -21,6 +21,7 @@ import torch
 
 from ..core.sampling import GREEDY
 from ..core.trace import Step
+from ..models.cuda_graph import capture_graph
 from ..models.kv_cache import LayerSlots, StaticKVCache
 from ..models.transformer import Transformer
 from .base import Decoder, Generation
@@ -122,25 +123,48 @@ class StaticDecoder(Decoder):
     traces it, which is what the CPU tests check), whole (True) or a block at a time ("blocks", see `compiled`); `compile_options` go to inductor, e.g. gpt-fast's
     {"coordinate_descent_tuning": True}, which tunes each generated kernel's block sizes by timing
     them (slower to compile). cuda_graph: capture the step once (CUDA only).
+
+    Each step feeds itself on the device: its argmax is the next step's input token, and the slot advances there
+    too, so `read_every` steps run back to back, queued by the host without waiting, and the host reads their
+    tokens at once (one host sync a chunk, as gpt-fast's loop, which never waits). Default: 8 with a CUDA graph,
+    where waiting for every token would idle the GPU while the host launches the next graph; 1 otherwise (a step
+    past an end-of-sequence token is wasted work, and a CPU gains nothing from queueing).
     """
 
     def __init__(self, model: Transformer, max_len: int, compile: bool | str = False, cuda_graph: bool = False,
-                 compile_backend: str = "inductor", compile_options: dict | None = None):
+                 compile_backend: str = "inductor", compile_options: dict | None = None, read_every: int | None = None):
         if cuda_graph and model.device.type != "cuda":
             raise ValueError("cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on "
                              f"{model.device.type}")
         if max_len > model.max_seq_len:
             raise ValueError(f"max_len={max_len} exceeds the model's context of {model.max_seq_len}")
+        self.read_every = (8 if cuda_graph else 1) if read_every is None else read_every
+        if not isinstance(self.read_every, int) or self.read_every < 1:
+            raise ValueError(f"read_every={read_every}: pass the number of tokens to decode between two reads of "
+                             "the host, >= 1 (1: read every token)")
         self.model, self.max_len, self.cuda_graph = model, max_len, cuda_graph
         p = model.embed_tokens.weight
         a = model.args
         self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
         self.step_slot = self.cache.slots   # (1,) the decode step's slot: the tensor a captured graph reads
         self.step_token = torch.zeros(1, 1, dtype=torch.long, device=p.device)  # (1, 1) its input token
+        self.fed = torch.zeros(max_len, dtype=torch.long, device=p.device)      # the chunk's tokens, in order
+        self.fed_index = torch.zeros(1, dtype=torch.long, device=p.device)     # (1,) where the next one goes
         self._step = compiled(lambda run_block: static_forward(self.model, self.cache, self.step_token,
                                                                run_block=run_block),
                               compile, compile_backend, compile_options)
         self._graph, self._graph_logits, self._warm = None, None, False
+
+    def _fed_step(self) -> torch.Tensor:
+        """The step, then on the device: its greedy token is the next step's input and joins `fed`, and the slot
+        advances. Logits (1, 1, V)."""
+        logits = self._step()                                                    # (1, 1, V)
+        token = logits[0, -1].argmax(-1, keepdim=True)                           # (1,)
+        self.fed.index_copy_(0, self.fed_index, token)
+        self.step_token.copy_(token.view(1, 1))
+        self.step_slot.add_(1)
+        self.fed_index.add_(1)
+        return logits
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
@@ -156,26 +180,30 @@ class StaticDecoder(Decoder):
             raise ValueError(f"the static cache is full ({self.max_len} slots); build it with a larger max_len")
         self.step_slot.fill_(self.cache.length)
         self.step_token.fill_(token)
-        if self.cuda_graph:
-            if self._graph is None:
-                self.warmup()
-            self._graph.replay()
-            logits = self._graph_logits
-        else:
-            logits = self._step()
+        self.fed_index.zero_()
+        logits = self._run_step()
         self.cache.length += 1
         return logits[0, -1]
+
+    def _run_step(self) -> torch.Tensor:
+        if not self.cuda_graph:
+            return self._fed_step()
+        if self._graph is None:
+            self.warmup()
+        self._graph.replay()
+        return self._graph_logits
 
     @torch.no_grad()
     def warmup(self) -> None:
         """Compile the step and capture its graph now, not inside a timed run (writes slot 0: harmless
         before a prefill, which overwrites it)."""
         self._warm = True
+        self.fed_index.zero_()
         if not self.cuda_graph:
-            self._step()
+            self._fed_step()
             return
-        # the warm-up runs write the current slot with the current token: harmless
-        self._graph, self._graph_logits = capture_graph(self._step, warmups=3)  # logits (1, 1, V), refilled by replays
+        # the warm-up runs write a few slots from the current one, with the tokens they feed themselves: harmless
+        self._graph, self._graph_logits = capture_graph(self._fed_step, warmups=3)  # logits (1, 1, V), refilled
 
     @torch.no_grad()
     def start(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: tuple[int, ...] = ()
@@ -198,10 +226,26 @@ class StaticDecoder(Decoder):
 
     @torch.no_grad()
     def step(self) -> Step:
-        """One decode step: the last committed token in, the next one out (.item(): one host sync a token)."""
+        """Up to `read_every` decode steps queued back to back, each fed by the last on the device, then their tokens
+        read at once (one host sync); a Step is recorded for each token (its time: the chunk's share), up to EOS."""
         t1 = time.perf_counter()
-        token = int(self.decode_one(self.tokens[-1]).argmax())
-        return self._record(Step([], 0, token, True, 0.0, time.perf_counter() - t1), self._commit([token]), t1)
+        n = min(self.read_every, self.max_new_tokens - self.trace.n_generated)
+        if self.cache.length + n > self.max_len:
+            raise ValueError(f"the static cache is full ({self.max_len} slots); build it with a larger max_len")
+        self.step_slot.fill_(self.cache.length)                  # the last committed token, at the next slot
+        self.step_token.fill_(self.tokens[-1])
+        self.fed_index.zero_()
+        for _ in range(n):
+            self._run_step()
+        tokens = self.fed[:n].tolist()                           # the chunk's one host sync
+        seconds = (time.perf_counter() - t1) / n
+        for token in tokens:
+            step = self._record(Step([], 0, token, True, 0.0, seconds), self._commit([token]))
+            if self.done:
+                break
+        self.cache.length = len(self.tokens) - 1                 # every committed token but the last is cached
+        self.trace.total_time += time.perf_counter() - t1
+        return step
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
                  eos_token_ids: tuple[int, ...] = ()) -> Generation:
@@ -216,18 +260,3 @@ class StaticDecoder(Decoder):
     def _sync(self) -> None:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
-
-
-def capture_graph(fn, warmups: int = 2):
-    """Run `fn` `warmups` times on a side stream (compilation, autotuning, allocations), then record one
-    call as a CUDA graph; (graph, fn's output tensors, which every replay refills in place)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmups):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out

@@ -14,6 +14,7 @@ import torch
 
 from ..core.sampling import SamplingConfig
 from ..core.tree import Tree
+from ..models.cuda_graph import capture_graph
 from ..models.medusa_heads import MedusaHeads
 from .base import Drafter, Proposal
 
@@ -99,7 +100,8 @@ class MedusaDrafter(Drafter):
         self.name = f"medusa{heads.n_heads}"
         self.reads_features = True
         self.last_feature: torch.Tensor | None = None        # (D,) feature of the last cached position
-        self._trees: dict[int, tuple[Tree, torch.Tensor, torch.Tensor]] = {}
+        self._trees: dict[tuple[int, str], tuple[Tree, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[int, tuple] = {}                   # k: (feature buffer, CUDA graph, its outputs)
 
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         self.last_feature = features[-1] if features is not None and features.shape[0] else None
@@ -108,14 +110,6 @@ class MedusaDrafter(Drafter):
         if features is not None and features.shape[0]:
             self.last_feature = features[-1]
 
-    def tree(self, budget: int) -> tuple[Tree, torch.Tensor, torch.Tensor]:
-        """(tree, rank (N,), head (N,)) of the best `budget` choices; node i = rank[i]-th guess of head[i]."""
-        n = min(budget, len(self.choices))
-        if n not in self._trees:
-            tree, rank = Tree.from_choices(self.choices[:n], keep_order=True)
-            self._trees[n] = (tree, rank, tree.depth - 1)
-        return self._trees[n]
-
     @torch.no_grad()
     def propose(self, tokens: torch.Tensor, budget: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
@@ -123,11 +117,33 @@ class MedusaDrafter(Drafter):
         where the heads computed them (a GPU's loop reads them back with its own sync, not one of the drafter's)."""
         if self.last_feature is None or budget < 1:     # a one-token prompt: no cached position yet
             return Proposal.empty(tokens)
-        tree, rank, head = self.tree(budget)
-        feature = self.last_feature.to(self.heads.dtype)
-        logits = self.heads(feature).float()                                 # (K, V)
-        top_p, top_ids = logits.softmax(-1).topk(int(rank.max()) + 1, dim=-1)  # (K, k) each
+        tree, rank, head = self.tree(budget, self.last_feature.device)
+        k = 1 + max(c[-1] for c in self.choices[:tree.n_nodes])                 # the deepest rank the tree uses
+        top_p, top_ids = self.top_k(self.last_feature, k)                       # (K, k) each
         return Proposal(top_ids[head, rank], q_draft=None, q_token=top_p[head, rank], tree=tree)
+
+    def tree(self, budget: int, device: torch.device | str = "cpu") -> tuple[Tree, torch.Tensor, torch.Tensor]:
+        """(tree, rank (N,), head (N,)) of the best `budget` choices; node i = rank[i]-th guess of head[i]. rank and
+        head on `device`, kept there (a copy from the host each step would wait for the GPU)."""
+        n = min(budget, len(self.choices))
+        if (n, str(device)) not in self._trees:
+            tree, rank = Tree.from_choices(self.choices[:n], keep_order=True)
+            self._trees[n, str(device)] = (tree, rank.to(device), (tree.depth - 1).to(device))
+        return self._trees[n, str(device)]
+
+    def top_k(self, feature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's k likeliest tokens after `feature` (D,) and their probabilities: (K, k) each. On a GPU the
+        heads' twenty-odd kernels are recorded once per k as a CUDA graph and replayed (one launch, not twenty)."""
+        if feature.device.type != "cuda":
+            return self.heads(feature.to(self.heads.dtype)).float().softmax(-1).topk(k, dim=-1)
+        if k not in self._graphs:
+            buffer = feature.to(self.heads.dtype).clone()                                  # (D,)
+            graph, out = capture_graph(lambda: self.heads(buffer).float().softmax(-1).topk(k, dim=-1))
+            self._graphs[k] = (buffer, graph, out)
+        buffer, graph, (top_p, top_ids) = self._graphs[k]
+        buffer.copy_(feature)
+        graph.replay()
+        return top_p, top_ids
 
 
 # --- checkpoints -------------------------------------------------------------------------------------
