@@ -90,8 +90,9 @@ def test_static_decoder_refuses_what_it_cannot_do(tiny_target):
         StaticDecoder(tiny_target, max_len=tiny_target.max_seq_len + 1)
     with pytest.raises(ValueError, match="pass compile=True"):
         StaticDecoder(tiny_target, max_len=16, compile_options={"coordinate_descent_tuning": True})
-    with pytest.raises(ValueError, match="read_every=0: pass the number of tokens"):
-        StaticDecoder(tiny_target, max_len=16, read_every=0)
+    for bad in (0, True, 2.5):
+        with pytest.raises(ValueError, match=f"read_every={bad}: pass the number of tokens"):
+            StaticDecoder(tiny_target, max_len=16, read_every=bad)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and inductor's GPU code need a CUDA device")

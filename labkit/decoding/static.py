@@ -139,7 +139,7 @@ class StaticDecoder(Decoder):
         if max_len > model.max_seq_len:
             raise ValueError(f"max_len={max_len} exceeds the model's context of {model.max_seq_len}")
         self.read_every = (8 if cuda_graph else 1) if read_every is None else read_every
-        if not isinstance(self.read_every, int) or self.read_every < 1:
+        if isinstance(self.read_every, bool) or not isinstance(self.read_every, int) or self.read_every < 1:
             raise ValueError(f"read_every={read_every}: pass the number of tokens to decode between two reads of "
                              "the host, >= 1 (1: read every token)")
         self.model, self.max_len, self.cuda_graph = model, max_len, cuda_graph
