@@ -52,21 +52,23 @@ class Parts:
         self.seconds[name] += time.perf_counter() - t0
 
     def wrap(self, owner, attr: str, name: str) -> None:
-        """Time owner.attr (a method, or a module's function) as the part `name` until `restore`."""
+        """Time owner.attr (an object's method, a class's, or a module's function) as the part `name` until
+        `restore`."""
         inner = getattr(owner, attr)
 
         def timed(*args, **kwargs):
             with self.part(name):
                 return inner(*args, **kwargs)
-        self.patched.append((owner, attr, owner.__dict__.get(attr, None) if isinstance(owner, type) else inner))
+        self.patched.append((owner, attr, vars(owner).get(attr), attr in vars(owner)))
         setattr(owner, attr, timed)
 
     def restore(self) -> None:
-        for owner, attr, old in reversed(self.patched):
-            if old is None and isinstance(owner, type):
-                delattr(owner, attr)
-            else:
+        """Put back what `wrap` replaced: an object's own attribute, or none (its class's method shows again)."""
+        for owner, attr, old, had in reversed(self.patched):
+            if had:
                 setattr(owner, attr, old)
+            else:
+                delattr(owner, attr)
         self.patched.clear()
 
 

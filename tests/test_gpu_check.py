@@ -35,8 +35,13 @@ def test_tree_step_profile_accounts_for_each_part_of_a_step(tmp_path, monkeypatc
     spec = importlib.util.spec_from_file_location("profile_tree_step", ROOT / "scripts" / "profile_tree_step.py")
     profile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(profile)
+    from labkit.decoding import compiled_tree
+    from labkit.drafters.base import Proposal
+    originals = (Proposal.limit, Proposal.as_tree, compiled_tree.greedy_tree_accept_on_device, compiled_tree.Step)
     result = profile.main(["--smoke", "--replays", "medusa-unpaced,medusa", "--prompt-len", "12", "--new-tokens", "32",
                            "--out", str(tmp_path)])
+    assert (Proposal.limit, Proposal.as_tree, compiled_tree.greedy_tree_accept_on_device, compiled_tree.Step) \
+        == originals                                                  # the timing wrappers are taken off again
     for key, row in result["replays"].items():
         assert not row["diverged"] and row["tokens_per_s"] > 0 and row["steps"] > 3, key
         host = row["host_ms_per_step"]

@@ -173,19 +173,8 @@ class StaticDecoder(Decoder):
         self.cache.slots = self.step_slot
         return logits[0, -1]
 
-    @torch.no_grad()
-    def decode_one(self, token: int) -> torch.Tensor:
-        """Feed one token at the next slot; logits (V,)."""
-        if self.cache.length >= self.max_len:
-            raise ValueError(f"the static cache is full ({self.max_len} slots); build it with a larger max_len")
-        self.step_slot.fill_(self.cache.length)
-        self.step_token.fill_(token)
-        self.fed_index.zero_()
-        logits = self._run_step()
-        self.cache.length += 1
-        return logits[0, -1]
-
     def _run_step(self) -> torch.Tensor:
+        """One fed step: the graph's replay (recorded on first use), or the step itself; logits (1, 1, V)."""
         if not self.cuda_graph:
             return self._fed_step()
         if self._graph is None:
