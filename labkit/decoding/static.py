@@ -184,8 +184,8 @@ class StaticDecoder(Decoder):
 
     @torch.no_grad()
     def warmup(self) -> None:
-        """Compile the step and capture its graph now, not inside a timed run (writes slot 0: harmless
-        before a prefill, which overwrites it)."""
+        """Compile the step and capture its graph now, not inside a timed run (writes a few slots from slot 0:
+        harmless before a prefill, which overwrites them)."""
         self._warm = True
         self.fed_index.zero_()
         if not self.cuda_graph:

@@ -134,11 +134,13 @@ class MedusaDrafter(Drafter):
     def top_k(self, feature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each head's k likeliest tokens after `feature` (D,) and their probabilities: (K, k) each. On a GPU the
         heads' twenty-odd kernels are recorded once per k as a CUDA graph and replayed (one launch, not twenty)."""
+        def picks(x):                                                           # (D,) in the heads' dtype
+            return self.heads(x).float().softmax(-1).topk(k, dim=-1)
         if feature.device.type != "cuda":
-            return self.heads(feature.to(self.heads.dtype)).float().softmax(-1).topk(k, dim=-1)
+            return picks(feature.to(self.heads.dtype))
         if k not in self._graphs:
             buffer = feature.to(self.heads.dtype).clone()                                  # (D,)
-            graph, out = capture_graph(lambda: self.heads(buffer).float().softmax(-1).topk(k, dim=-1))
+            graph, out = capture_graph(lambda: picks(buffer))
             self._graphs[k] = (buffer, graph, out)
         buffer, graph, (top_p, top_ids) = self._graphs[k]
         buffer.copy_(feature)
