@@ -104,3 +104,30 @@ def test_draft_precision_is_the_fastest_one_token_forward(cache_dir, monkeypatch
     assert calibrate.choose_precision(SMALL, ("bf16",)).precision == "bf16"
     with pytest.raises(ValueError, match="none of the precisions"):
         calibrate.choose_precision(SMALL, ("int3",))
+
+
+class _WidthModel:
+    """A stand-in for a model on a virtual clock: a forward of T tokens costs T units, plus 10 more when the
+    forward before it had another width (a one-token forward after a 64-token one, as measured on a CPU)."""
+
+    device, vocab_size = torch.device("cpu"), 32
+
+    def __init__(self):
+        self.now, self.last = 0.0, None
+
+    def new_cache(self, max_len):
+        return type("Cache", (), {"truncate": lambda self, n: None})()
+
+    def __call__(self, ids, cache, num_logits=None):
+        T = ids.shape[1]
+        self.now += T + (10 if self.last not in (None, T) else 0)
+        self.last = T
+
+
+def test_each_width_is_timed_after_a_forward_of_its_own_width():
+    """The curve the loop pays: a width-switching penalty never reaches the timed forwards."""
+    model = _WidthModel()
+    runs = calibrate.time_forward_runs(model, 16, (1, 8, 64), repeats=3, clock=lambda: model.now, progress=False)
+    assert runs == {1: [1.0] * 3, 8: [8.0] * 3, 64: [64.0] * 3}
+    assert calibrate.time_forwards(model, 16, (1, 8), repeats=2, clock=lambda: model.now, progress=False) == \
+        {1: 1.0, 8: 8.0}

@@ -8,7 +8,7 @@ from labkit import autoregressive_generate, tree_generate
 from labkit.core.adaptive import VerifyCurve, VerifyTime
 from labkit.core.sampling import GREEDY
 from labkit.core.trace import Step
-from labkit.core.tree_budget import PRIOR_STEPS, CostAwareBudget, FixedBudget
+from labkit.core.tree_budget import PRIOR_STEPS, PROBE_COST, CostAwareBudget, FixedBudget
 from labkit.drafters.base import Drafter, Proposal
 from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.lookahead import LookaheadDrafter
@@ -79,8 +79,8 @@ def test_exploring_backs_off_while_plain_steps_stay_best_and_resumes_its_pace_on
         chosen.append(n)
         path = [j for j in range(5) if j < n] if i >= 40 else []
         policy.update(step(n, path, 0.1 * VerifyCurve(STEP_CURVE)(n + 1), draft=0.001 * n))
-    # with a measured curve one warmup step: the largest tree the curve prices at most 15% above a plain step
-    assert chosen[0] == max(n for n in range(17) if VerifyCurve(STEP_CURVE)(n + 1) <= 1.15) > 0
+    # with a measured curve one warmup step: the largest tree the curve prices at most PROBE_COST above a plain step
+    assert chosen[0] == max(n for n in range(17) if VerifyCurve(STEP_CURVE)(n + 1) <= 1 + PROBE_COST) > 0
     drafted = [i for i, n in enumerate(chosen) if n]
     assert drafted[:4] == [0, 8, 24, 56], "while nothing is accepted, exploring steps come 8, 16, 32 steps apart"
     assert all(n >= 5 for n in chosen[70:]), f"drafting resumed: {chosen[56:]}"

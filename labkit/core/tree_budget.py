@@ -19,23 +19,24 @@ expected tokens per second:
   tokens can cost what 1 does and 16 twice as much, a step a straight line cannot follow (it
   charges every node the average slope, and so keeps trees smaller than the flat stretch).
 
-Budget 0 is a choice too: a plain step (no drafting; the target's one token), chosen when no
-tree is expected to commit tokens at least `margin` (5%) faster than plain decoding does, as on
-text the drafter cannot guess (a smaller expected gain is within what a step's time varies on a
-CPU, and the loop's own bookkeeping is not in the estimate); its cost is the measured one-token
-verify and its yield one token, so drafting stops where it would lose. A node's acceptance is counted
-as if `prior` (2) more steps had rejected it: after one lucky probe a tree is not yet judged to pay, and
-a drafter that keeps being right soon is. The first step verifies the largest tree whose verify the
-machine's curve prices at most `probe_cost` (15%) above a plain step (at least one node; where
-verifying is flat, as on a GPU, the largest tree); without a curve, the first two verify the largest tree and the smallest (budget
-0 by default: two sizes for the cost line). Then every `explore_every`-th step verifies a larger
-tree: twice the best budget so far (at least one node), or the largest whose fitted verify costs
-at most 15% more than the best's. So the estimate for larger trees stays fresh, a budget that pays
-can keep growing, and drafting resumes once an exploring step sees it pay again. While plain steps
-stay best, the interval between exploring steps doubles after each one that does not change that
-(8, 16, 32, ... steps), as `CostAwareGamma` backs off its probes: on text the drafter cannot
-guess, the loss is a handful of cheap trees, not one step in eight. Where large verifies are dear
-(on a CPU a 64-node verify can cost four one-token steps) exploring does not pay for the largest.
+Budget 0 is a choice too: a plain step (no drafting; the target's one token), chosen when no tree is
+expected to commit tokens at least `margin` (5%) faster than plain decoding does, as on text the drafter
+cannot guess (a smaller expected gain is within what a step's time varies on a CPU, and the loop's own
+bookkeeping is not in the estimate); its cost is the measured one-token verify and its yield one token,
+so drafting stops where it would lose. A node's acceptance is counted as if `prior` (2) more steps had
+rejected it: after one lucky probe a tree is not yet judged to pay, and a drafter that keeps being right
+soon is. The first step verifies the largest tree whose verify the machine's curve prices at most
+`probe_cost` (30%) above a plain step (at least one node; where verifying is flat, as on a GPU, the
+largest tree); without a curve, the first two verify the largest tree and the smallest (budget 0 by
+default: two sizes for the cost line). Then every `explore_every`-th step verifies a larger tree: twice
+the best budget so far (at least one node), or the largest whose fitted verify costs at most 30% more
+than the best's. So the estimate for larger trees stays fresh, a budget that pays can keep growing, and
+drafting resumes once an exploring step sees it pay again. While plain steps stay best, the interval
+between exploring steps doubles after each one that does not change that (8, 16, 32, ... steps), as
+`CostAwareGamma` backs off its probes: on text the drafter cannot guess, the loss is a handful of
+probes, not one step in eight (on a 2-core Xeon, three 4-node probes cost 1.7-1.9 plain steps of a
+30-token answer). Where large verifies are dear (on a CPU a 64-node verify can cost four
+one-token steps) exploring does not pay for the largest.
 (Under sampling, acceptance along the path depends on the other nodes, and the counterfactual
 is an estimate.)
 """
@@ -68,8 +69,10 @@ class FixedBudget:
 # drafting; a drafter that is right keeps being judged right after a few steps (4 of 4 count as 4 of 6).
 PRIOR_STEPS = 2.0
 # How much dearer than the best budget's verify an exploring step's tree may be: where drafting does not pay, each
-# probe costs this much of a plain step on top of the drafter's own work.
-PROBE_COST = 0.15
+# probe costs this much of a plain step on top of the drafter's own work. On a 2-core Xeon (AMX) a 2-token verify
+# costs 1.2 plain steps, so 15% bought a one-node probe, which finds a long match late (suffix decoding on rag:
+# 1.22x against 2.27x); 30% buys 4 nodes there.
+PROBE_COST = 0.3
 
 
 class CostAwareBudget:

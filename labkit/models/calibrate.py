@@ -311,7 +311,10 @@ def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
 
     The verify-cost curve: all T logits computed, as a verify pass does. The token counts take turns
     (round robin), so a burst of load from another process on a shared machine slows one round of
-    every T rather than all runs of one T; the first round warms up and is dropped.
+    every T rather than all runs of one T. Each timed forward follows an untimed one of the same
+    width, as a decoding loop's forwards follow each other: a one-token forward timed right after a
+    64-token one read 4-13% slow on a Xeon (AMX), which made every verify look cheaper against it than
+    the loop then found it.
     """
     runs = time_forward_runs(model, context, tokens, repeats, clock, progress)
     return {T: min(r) for T, r in runs.items()}     # the least disturbed run: the machine may be shared
@@ -319,7 +322,7 @@ def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
 
 def time_forward_runs(model, context: int, tokens: tuple[int, ...], repeats: int,
                       clock=time.perf_counter, progress: bool = True) -> dict[int, list[float]]:
-    """Every timed run of `time_forwards` ({T: `repeats` seconds}, warm-up dropped): their spread is the noise."""
+    """Every timed run of `time_forwards` ({T: `repeats` seconds}): their spread is the noise."""
     return time_forward_rounds({None: model}, context, tokens, repeats, clock, progress)[None]
 
 
@@ -328,7 +331,8 @@ def time_forward_rounds(models: dict, context: int, tokens: tuple[int, ...], rep
                         clock=time.perf_counter, progress: bool = True) -> dict:
     """{name: {T: `repeats` seconds}}: each model's forward of T tokens after `context` cached ones, timed in
     rounds of every model and T (round robin), so a burst of load from another process slows one round of
-    each rather than every run of one; the first round warms up and is dropped."""
+    each rather than every run of one. Each timed forward follows an untimed one of the same model and T,
+    which warms it up and leaves the kernels' state and caches as a loop of such forwards does."""
     g = torch.Generator().manual_seed(0)
     state = {}
     for name, model in models.items():
@@ -338,11 +342,13 @@ def time_forward_rounds(models: dict, context: int, tokens: tuple[int, ...], rep
         feeds = {T: torch.randint(0, model.vocab_size, (1, T), generator=g).to(device) for T in tokens}
         state[name] = (cache, feeds)
     runs = {name: {T: [] for T in tokens} for name in models}
-    with tqdm(total=(repeats + 1) * len(tokens) * len(models), desc="forwards", disable=not progress) as bar:
-        for _ in range(repeats + 1):
+    with tqdm(total=repeats * len(tokens) * len(models), desc="forwards", disable=not progress) as bar:
+        for _ in range(repeats):
             for name, model in models.items():
                 cache, feeds = state[name]
                 for T in tokens:
+                    model(feeds[T], cache)                  # untimed: the same width just ran, as in a loop
+                    cache.truncate(context)
                     sync(model.device)
                     t0 = clock()
                     model(feeds[T], cache)
@@ -350,4 +356,4 @@ def time_forward_rounds(models: dict, context: int, tokens: tuple[int, ...], rep
                     runs[name][T].append(clock() - t0)
                     cache.truncate(context)
                     bar.update()
-    return {name: {T: r[1:] for T, r in by_T.items()} for name, by_T in runs.items()}
+    return runs
