@@ -131,3 +131,5 @@ def test_each_width_is_timed_after_a_forward_of_its_own_width():
     assert runs == {1: [1.0] * 3, 8: [8.0] * 3, 64: [64.0] * 3}
     assert calibrate.time_forwards(model, 16, (1, 8), repeats=2, clock=lambda: model.now, progress=False) == \
         {1: 1.0, 8: 8.0}
+    with pytest.raises(ValueError, match="repeats"):
+        calibrate.time_forwards(model, 16, (1, 8), repeats=0, progress=False)

@@ -333,6 +333,8 @@ def time_forward_rounds(models: dict, context: int, tokens: tuple[int, ...], rep
     rounds of every model and T (round robin), so a burst of load from another process slows one round of
     each rather than every run of one. Each timed forward follows an untimed one of the same model and T,
     which warms it up and leaves the kernels' state and caches as a loop of such forwards does."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats (timed runs per width) must be an integer >= 1, got {repeats!r}")
     g = torch.Generator().manual_seed(0)
     state = {}
     for name, model in models.items():
