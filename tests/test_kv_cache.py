@@ -31,3 +31,16 @@ def test_commit_path_keeps_the_accepted_nodes_in_order():
     assert cache.k[0, 0, 0, :6, 0].tolist() == [0, 1, 2, 3, 5, 7]
     assert cache.k[1, 0, 0, :6, 0].tolist() == [100, 101, 102, 103, 105, 107]
     assert cache.v[0, 0, 0, :6, 0].tolist() == [0, -1, -2, -3, -5, -7]
+
+
+@pytest.mark.parametrize("keep", [[0], [0, 1, 2], [0, 1, 3]])
+def test_commit_path_of_nodes_already_in_place_keeps_every_slot_as_the_copy_would(keep):
+    """A plain step (the root alone) or a chain's prefix is already in place: no copy, the same cache."""
+    fast, copied = filled(8), filled(8)
+    fast.commit_path(torch.tensor(keep), start=3)
+    src = 3 + torch.tensor(keep)                                       # what the copy does, spelled out
+    copied.k[:, :, :, 3:3 + len(keep)] = copied.k.index_select(3, src)
+    copied.v[:, :, :, 3:3 + len(keep)] = copied.v.index_select(3, src)
+    assert fast.length == 3 + len(keep)
+    assert torch.equal(fast.k[:, :, :, :fast.length], copied.k[:, :, :, :fast.length])
+    assert torch.equal(fast.v[:, :, :, :fast.length], copied.v[:, :, :, :fast.length])

@@ -16,7 +16,7 @@ from labkit import (
     speculative_generate,
 )
 from labkit.core.acceptance import Acceptance, speculative_accept
-from labkit.core.sampling import probs_from_logits, sample
+from labkit.core.sampling import argmax, probs_from_logits, sample
 
 V, N_POS, N_RUNS = 8, 3, 3000
 PROMPT = torch.tensor([1, 4, 2])
@@ -132,3 +132,19 @@ def test_token_probs_normalise_only_the_rows_asked_for_and_match_the_full_softma
     want = logits.softmax(-1)[rows, tokens]
     assert torch.allclose(torch.tensor(token_probs(logits, rows, tokens)), want, rtol=1e-6, atol=0)
     assert token_probs(logits, rows[:0], tokens[:0]) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_argmax_is_torchs_first_index_of_the_largest_value(dtype):
+    """The loops' argmax (numpy on a CPU): torch's on random rows, on ties (the first index), on a NaN (it wins,
+    as in torch), on a single row and on a batch of rows, in every float dtype a model's logits come in."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(5, 1000, generator=g).to(dtype)
+    tied = torch.zeros(3, 7, dtype=dtype)
+    tied[:, 2] = tied[:, 5] = 1.0
+    nan = torch.randn(2, 9, generator=g).to(dtype)
+    nan[1, 4] = float("nan")
+    for logits in (rows, rows[2], tied, nan, rows[:, ::3]):
+        got = argmax(logits)
+        assert got.dtype == torch.int64 and torch.equal(got, logits.argmax(-1))
+    assert argmax(tied).tolist() == [2, 2, 2] and int(argmax(nan[1])) == 4

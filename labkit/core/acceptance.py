@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import sample
+from .sampling import argmax, sample
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ac
     """
     draft = draft_tokens.tolist()
     for n in range(len(draft) + 1):          # row by row: a row's argmax reads a vocabulary, so stop at the first miss
-        pick = int(target_logits[n].argmax())
+        pick = int(argmax(target_logits[n]))
         if n == len(draft) or pick != draft[n]:
             return Acceptance(n, pick, bonus=n == len(draft))
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import numpy as np
+
+from .shadow import SHADOW_SHARE
 from .trace import Step
 
 
@@ -34,6 +37,14 @@ def check_margin(margin: float) -> float:
     return float(margin)
 
 
+def check_share(share: float) -> float:
+    """The share of the plain steps' time a policy may spend on shadow proposals, in [0, 1)."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
+        raise ValueError(f"shadow_share is a share of the plain steps' time in [0, 1) (0.02: 2%; 0: no shadows), "
+                         f"got {share!r}")
+    return float(share)
+
+
 def check_gamma(gamma: int) -> int:
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
@@ -49,6 +60,19 @@ class GammaPolicy(ABC):
 
     def update(self, step: Step) -> None:
         """Learn from the step just taken."""
+
+    def expect_shadows(self) -> None:
+        """Called by a loop that proposes shadows on plain steps (decoding.base.Decoder._shadow)."""
+
+    def shadow_size(self) -> int:
+        """Asked on a plain step: tokens the drafter should propose unverified now (core/shadow.py; 0: none)."""
+        return 0
+
+    def add_shadow(self, shadow) -> None:
+        """An unverified proposal was made (shadow_size asked for it)."""
+
+    def shadow_grew(self, shadow, gained: int) -> None:
+        """The committed tokens confirmed `gained` more of a shadow's tokens, or settled it."""
 
 
 class FixedGamma(GammaPolicy):
@@ -88,10 +112,17 @@ class VerifyCurve:
             if len(points) < 2 or points[0][0] < 1 or any(r <= 0 for _, r in points):
                 raise ValueError(f"verify_curve needs >= 2 points {{tokens >= 1: t(tokens)/t(1) > 0}}, got {curve!r}")
             self.tokens, self.ratios = [t for t, _ in points], [r for _, r in points]
+        self._table = np.ones(0)
 
     @property
     def flat(self) -> bool:
         return self.tokens is None
+
+    def table(self, n: int) -> np.ndarray:
+        """(n,) the curve at 1, ..., n tokens."""
+        if len(self._table) < n:
+            self._table = np.array([self(k) for k in range(1, n + 1)])
+        return self._table[:n]
 
     def __call__(self, n_tokens: int) -> float:
         T, R = self.tokens, self.ratios
@@ -119,6 +150,13 @@ class VerifyTime:
         d, n, t = self.decay, n_tokens, seconds / self.curve(n_tokens)
         self.sums = [d * s + x for s, x in zip(self.sums, (1.0, n, t, n * n, n * t))]
 
+    def table(self, n: int) -> np.ndarray:
+        """(n,) fitted seconds of a verify pass of 1, ..., n tokens."""
+        w, _, st, _, _ = self.sums
+        if w and not self.curve.flat:
+            return st / w * self.curve.table(n)
+        return np.array([self(k) for k in range(1, n + 1)])
+
     def __call__(self, n_tokens: int) -> float:
         """Fitted seconds for a verify pass of n_tokens (a line: flat when only one size was seen; never a
         negative slope)."""
@@ -143,15 +181,21 @@ class CostAwareGamma(GammaPolicy):
 
     α is a decayed maximum-likelihood estimate (accepted / (accepted + rejections)); the
     draft step time and a linear verify-time model t(n) = a + b·n are fitted from the trace.
-    γ = 0 is a choice too (plain decoding through the same loop) when no draft length is expected to beat one
-    target step per token by `margin` (5%); then every `probe_every` plain steps (doubling after each probe that
-    still says 0) one draft of the best length refreshes α, so drafting resumes where it pays.
+    The first `warmup` steps draft `start` tokens (one, where the drafter costs little enough to shadow: see
+    below). γ = 0 is a choice too (plain decoding through the same loop) when no draft length is expected to beat
+    one target step per token by `margin` (5%). On plain steps the drafter still proposes, unverified, while its
+    work stays within `shadow_share` (1%) of their time (core/shadow.py): the tokens the plain steps commit
+    accept or reject each shadow token as a verify would, so α stays current without spending a verify
+    (prompt lookup costs nothing and shadows every plain step). Where shadows are rarer than every
+    `probe_every` plain steps (a draft model's), one draft of the best length is verified instead (the gap
+    doubling after each probe that still says 0), so drafting resumes where it pays.
     """
     name = "cost-aware"
 
     def __init__(self, start: int = 5, max_gamma: int = 16, decay: float = 0.9, warmup: int = 3,
-                 probe_every: int = 8, margin: float = MARGIN):
-        """margin: how much faster than plain decoding a draft must be expected to be before a step drafts."""
+                 probe_every: int = 8, margin: float = MARGIN, shadow_share: float = SHADOW_SHARE):
+        """margin: how much faster than plain decoding a draft must be expected to be before a step drafts;
+        shadow_share: the share of the plain steps' time unverified proposals on them may cost (0: none)."""
         self.k, self.max_gamma, self.decay, self.warmup = check_gamma(start), check_gamma(max_gamma), decay, warmup
         self.margin = check_margin(margin)
         self.probe_every = self.interval = check_gamma(probe_every)
@@ -159,7 +203,9 @@ class CostAwareGamma(GammaPolicy):
         self.draft_time = self.draft_tokens = 0.0
         self.verify_time = VerifyTime(decay=decay)   # seconds of a verify pass of n tokens, fitted from the trace
         self.n_steps = 0
-        self.idle = 0          # plain (γ = 0) steps since the last draft
+        self.idle = 0          # plain (γ = 0) steps since the last draft or shadow
+        self.shadow_share, self.credit = check_share(shadow_share), 0.0
+        self.shadows = False   # whether the loop proposes shadows on plain steps (expect_shadows)
 
     def update(self, step: Step) -> None:
         d = self.decay
@@ -175,6 +221,46 @@ class CostAwareGamma(GammaPolicy):
         self.rejected = d * self.rejected + (0 if step.bonus else 1)
         self.draft_time = d * self.draft_time + step.draft_time
         self.draft_tokens = d * self.draft_tokens + step.gamma
+        if self.n_steps < self.warmup and self._cheap():     # shadows learn α for free: no more warm-up drafts
+            self.n_steps = self.warmup
+
+    def _cheap(self) -> bool:
+        """Whether a shadow of the starting length costs at most `shadow_share` of a plain step (prompt lookup's
+        does; a draft model's does not)."""
+        t_draft = self.draft_time / max(1e-9, self.draft_tokens)
+        return self.shadows and self.k * t_draft <= self.shadow_share * self.verify_time(1)
+
+    def expect_shadows(self) -> None:
+        self.shadows = self.shadow_share > 0
+
+    def shadow_size(self) -> int:
+        """Asked on a plain step: the best draft length when the plain steps have banked `shadow_share` of their
+        time to pay for drafting it (always while drafting's cost is unknown), else 0."""
+        if self.k != 0 or not self.shadows:
+            return 0
+        g = self._probe()
+        cost = g * self.draft_time / self.draft_tokens if self.draft_tokens else 0.0
+        self.credit = min(self.credit + self.shadow_share * self.verify_time(1), cost)
+        if self.credit < cost:
+            return 0
+        self.credit -= cost
+        self.idle = 0                            # a shadow instead of a probe
+        return g
+
+    def add_shadow(self, shadow) -> None:
+        """A shadow counts as a drafted step for the cost of drafting, and its tokens as they are judged."""
+        d = self.decay
+        self.accepted, self.rejected = d * self.accepted, d * self.rejected
+        self.draft_time = d * self.draft_time + shadow.seconds
+        self.draft_tokens = d * self.draft_tokens + shadow.n_nodes
+
+    def shadow_grew(self, shadow, gained: int) -> None:
+        self.accepted += gained
+        self.rejected += shadow.settled and not shadow.reached_leaf
+
+    def _probe(self) -> int:
+        """The draft length a probe or shadow tries: the best one, plain decoding aside."""
+        return max(range(1, self.max_gamma + 1), key=self.tokens_per_second)
 
     def tokens_per_second(self, g: int) -> float:
         """Expected committed tokens per second drafting g tokens a step (g = 0: plain decoding)."""
@@ -192,6 +278,6 @@ class CostAwareGamma(GammaPolicy):
             return self.k
         best = self._best()
         if best == 0 and self.idle >= self.interval:
-            best = max(range(1, self.max_gamma + 1), key=self.tokens_per_second)     # probe
+            best = self._probe()
         self.k = best
         return self.k

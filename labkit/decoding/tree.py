@@ -57,6 +57,7 @@ class TreeDecoder(Decoder):
         self.begin(target, prompt_ids, max_new_tokens, f"tree/{drafter.name}", eos_token_ids, seed, sampling)
         drafter.check_target(target)
         self.target, self.drafter, self.budget, self.accept_rule = target, drafter, policy, accept_rule
+        policy.expect_shadows()
         t0 = time.perf_counter()
         with torch.no_grad():
             self.cache = target.new_cache()                     # holds every committed token but the last
@@ -69,13 +70,14 @@ class TreeDecoder(Decoder):
     @torch.no_grad()
     def step(self) -> Step:
         """propose a tree -> verify it -> accept a path -> commit and compact, once."""
-        n_cached = self.cache.length
-        budget = min(self.budget.budget(), self.max_new_tokens - self.trace.n_generated - 1, self.cache.room() - 1)
-        # 1. Propose: a tree of candidate continuations
+        n_cached, asked = self.cache.length, self.budget.budget()
+        budget = min(asked, self.max_new_tokens - self.trace.n_generated - 1, self.cache.room() - 1)
+        # 1. Propose: a tree of candidate continuations (none on a plain step, unless one to judge unverified)
         t0 = time.perf_counter()
         proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator) \
             if budget > 0 else Proposal.empty(self.prompt)
         proposal = proposal.limit(max(budget, 0))
+        shadow = self._shadow(self.budget, self.drafter) if asked == 0 else 0
         tree, nodes = proposal.as_tree(), proposal.tokens.cpu()                              # (N,)
         # 2. Verify: root + every node in one forward, each node seeing only its ancestors
         t1 = time.perf_counter()
@@ -106,7 +108,7 @@ class TreeDecoder(Decoder):
         new_tokens = self._commit(acc.tokens(nodes))
         step = Step(nodes.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1, p_nodes,
                     proposal.q_token.tolist(),
-                    parents=tree.parents.tolist(), path=acc.path, asked=budget)
+                    parents=tree.parents.tolist(), path=acc.path, asked=budget, shadow=shadow)
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
 

@@ -44,8 +44,11 @@ class KVCache:
 
     def commit_path(self, nodes: torch.Tensor, start: int) -> None:
         """Keep tree nodes `nodes` (slots start+nodes, in order) right after slot `start`; drop the rest."""
+        n = nodes.numel()
+        if nodes.device.type == "cpu" and torch.equal(nodes, torch.arange(n)):    # already in place: a plain step,
+            self.length = start + n                                                # a chain's accepted prefix
+            return
         src = start + nodes.to(self.k.device)                       # (n,)
-        n = src.numel()
         self.k[:, :, :, start:start + n] = self.k.index_select(3, src)
         self.v[:, :, :, start:start + n] = self.v.index_select(3, src)
         self.length = start + n

@@ -113,6 +113,9 @@ def step_html(view: StepView, tokenizer, context_tokens: int = 12) -> str:
             f"committed {s.n_committed} token{'s' if s.n_committed > 1 else ''}")
     if s.plain_by_choice:
         head = f"step {view.index + 1}: γ = 0, a plain step (drafting would not pay here), committed 1 token"
+        if s.shadow:
+            head += (f"; the drafter guessed {s.shadow} token{'s' if s.shadow > 1 else ''} unverified, which the "
+                     "next tokens judge, to learn when drafting pays again")
     nothing = "<i>nothing: γ = 0 was cheaper in expectation</i>" if s.plain_by_choice else "<i>nothing (no match)</i>"
     rows = [("context", f'<span style="color:#777;white-space:pre-wrap">…{_html.escape(tail)}</span>'),
             ("1. draft proposes", proposed or nothing),

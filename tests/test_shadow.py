@@ -1,0 +1,146 @@
+"""Shadow proposals: on plain steps the drafter still guesses, unverified, and the committed tokens judge it."""
+import torch
+from test_tree_budget import PROMPT, STEP_CURVE, Oracle
+
+from labkit import autoregressive_generate, speculative_generate, tree_generate
+from labkit.core.adaptive import CostAwareGamma
+from labkit.core.shadow import Shadow
+from labkit.core.trace import Step
+from labkit.core.tree import Tree
+from labkit.core.tree_budget import CostAwareBudget, FixedBudget
+from labkit.drafters.base import Drafter, Proposal
+
+
+def test_a_shadow_follows_the_committed_tokens_down_one_branch_and_settles_at_a_miss_or_a_leaf():
+    #   root -> 7 (0) -> 8 (2) -> 9 (4)
+    #        -> 5 (1) -> 8 (3)
+    shadow = Shadow(start=3, tokens=[7, 5, 8, 8, 9], parents=[-1, -1, 0, 1, 2])
+    committed = [1, 2, 3]
+    assert shadow.follow(committed) == 0 and not shadow.settled          # nothing committed after it yet
+    assert shadow.follow(committed + [5]) == 1 and shadow.path == [1] and not shadow.settled
+    assert shadow.follow(committed + [5, 8]) == 1 and shadow.path == [1, 3] and shadow.settled   # a leaf
+    assert shadow.reached_leaf
+    miss = Shadow(start=3, tokens=[7, 5, 8, 8, 9], parents=[-1, -1, 0, 1, 2])
+    assert miss.follow(committed + [7, 8, 4, 9]) == 2 and miss.path == [0, 2] and miss.settled
+    assert not miss.reached_leaf                                          # node 4 (9) was not the target's 4
+
+
+class Sloppy(Drafter):
+    """A tree after each position: the answer's next four tokens as a chain, with the third one wrong every other
+    position, and a wrong sibling of the first; at no cost."""
+    name, best_first = "sloppy", True
+
+    def __init__(self, answer: list[int], vocab_size: int):
+        self.answer, self.vocab_size = answer, vocab_size
+
+    def propose(self, tokens, k, sampling, generator=None):
+        nxt = self.answer[len(tokens):len(tokens) + 4]
+        if len(nxt) < 4:
+            return Proposal.empty(torch.as_tensor(tokens))
+        chain = list(nxt)
+        if len(tokens) % 2:
+            chain[2] = (chain[2] + 1) % self.vocab_size
+        nodes = [(chain[0] + 1) % self.vocab_size] + chain                  # the wrong sibling comes first
+        return Proposal(torch.tensor(nodes), None, torch.ones(5), Tree(torch.tensor([-1, -1, 1, 2, 3]))).limit(k)
+
+
+class PlainWithShadows(CostAwareBudget):
+    """Every step plain, a shadow of the largest tree every step (recorded)."""
+    def __init__(self):
+        super().__init__(max_budget=5, verify_curve=STEP_CURVE, shadow_share=0.99)
+        self.seen: list[Shadow] = []
+
+    def budget(self) -> int:
+        self.last = 0
+        return 0
+
+    def shadow_size(self) -> int:
+        return self.max_budget
+
+    def add_shadow(self, shadow):
+        super().add_shadow(shadow)
+        self.seen.append(shadow)
+
+
+def test_a_shadow_keeps_the_nodes_that_verifying_its_tree_would_keep(tiny_target):
+    """The proposal made unverified at each plain step, judged by the tokens the next steps committed, against the
+    same proposal verified for real by the target after the same tokens: the same accepted path."""
+    ref = autoregressive_generate(tiny_target, PROMPT, 24)
+    answer = PROMPT.tolist() + ref.tokens
+    drafter, policy = Sloppy(answer, tiny_target.vocab_size), PlainWithShadows()
+    out = tree_generate(tiny_target, drafter, PROMPT, 24, budget=policy)
+    assert out.tokens == ref.tokens and all(not s.proposed for s in out.trace.steps)
+    settled = [s for s in policy.seen if s.settled]
+    assert len(settled) >= 15 and {len(s.path) for s in settled} >= {2, 4}, "both a miss and a whole chain"
+    for shadow in settled:
+        prefix = torch.tensor(answer[:shadow.start])
+        verified = tree_generate(tiny_target, drafter, prefix, 8, budget=FixedBudget(5)).trace.steps[0]
+        assert verified.path == shadow.path, shadow.start
+
+
+def test_plain_steps_find_out_from_shadows_when_drafting_pays_and_verify_no_probe(tiny_target):
+    """An always-wrong draft: every step plain, and no tree is ever verified (without shadows, probes are); the
+    same draft right after 40 tokens: drafting starts within four steps of it. The output is plain decoding's.
+    (A tiny model's step costs what the drafter's Python does, so the shadows get most of a step here.)"""
+    ref = autoregressive_generate(tiny_target, PROMPT, 96)
+    answer, V = PROMPT.tolist() + ref.tokens, tiny_target.vocab_size
+
+    def run(until: int, shadow_share: float = 0.9):
+        return tree_generate(tiny_target, Oracle(answer, until, V), PROMPT, 96, budget=CostAwareBudget(
+            max_budget=16, explore_every=4, verify_curve=STEP_CURVE, shadow_share=shadow_share))
+    wrong = run(10**6)
+    assert wrong.tokens == ref.tokens
+    assert all(not s.proposed for s in wrong.trace.steps), "no tree verified: shadows instead of probes"
+    assert sum(s.shadow > 0 for s in wrong.trace.steps) >= len(wrong.trace.steps) // 2
+    probing = run(10**6, shadow_share=0.0)
+    assert probing.tokens == ref.tokens and any(s.proposed for s in probing.trace.steps), "without shadows: probes"
+    late = run(len(PROMPT) + 40)
+    assert late.tokens == ref.tokens
+    committed, first_right = 0, None
+    for i, s in enumerate(late.trace.steps):
+        if committed >= 40 and first_right is None:
+            first_right = i
+        committed += s.n_committed
+    drafted = [i for i, s in enumerate(late.trace.steps) if s.n_accepted > 0]
+    assert drafted and drafted[0] - first_right <= 4, (first_right, drafted[:3])
+    assert all(not s.proposed for s in late.trace.steps[:first_right]), "no probe while the draft was wrong"
+
+
+def test_a_cheap_chain_drafter_shadows_its_plain_steps_and_ends_its_warmup_after_one_draft(tiny_target):
+    """Through the chain loop: a free, always-wrong draft is verified once (the first step times it), then every step
+    is plain with a shadow; right after 40 tokens it drafts again within three steps."""
+    def policy():
+        return CostAwareGamma(start=3, shadow_share=0.9)
+    ref = autoregressive_generate(tiny_target, PROMPT, 96)
+    answer, V = PROMPT.tolist() + ref.tokens, tiny_target.vocab_size
+    wrong = speculative_generate(tiny_target, Oracle(answer, 10**6, V), PROMPT, 96, policy())
+    assert wrong.tokens == ref.tokens
+    assert [bool(s.proposed) for s in wrong.trace.steps].count(True) == 1, "one warm-up draft, then only shadows"
+    assert sum(s.shadow > 0 for s in wrong.trace.steps) >= len(wrong.trace.steps) // 2
+    late = speculative_generate(tiny_target, Oracle(answer, len(PROMPT) + 40, V), PROMPT, 96, policy())
+    assert late.tokens == ref.tokens
+    committed, first_right = 0, None
+    for i, s in enumerate(late.trace.steps):
+        if committed >= 40 and first_right is None:
+            first_right = i
+        committed += s.n_committed
+    drafted = [i for i, s in enumerate(late.trace.steps) if s.n_accepted > 0]
+    assert drafted and drafted[0] - first_right <= 3, (first_right, drafted[:3])
+
+
+def test_shadows_are_held_to_their_share_of_the_plain_steps_time_and_come_where_probes_would_have():
+    """A shadow that costs half a plain step and a 1% share: the first (which times it), then one per 50 plain steps;
+    one that costs 100 steps: only where an exploring step would have been, 8, 16, 32, ... plain steps apart."""
+    def shadow_steps(seconds: float, explore_every: int) -> list[int]:
+        policy = CostAwareBudget(max_budget=8, verify_curve=STEP_CURVE, explore_every=explore_every)
+        policy.expect_shadows()
+        steps = []
+        for i in range(150):
+            assert policy.budget() == 0
+            if policy.shadow_size():
+                steps.append(i)
+                policy.add_shadow(Shadow(start=i, tokens=[1, 2], parents=[-1, 0], seconds=seconds, settled=True))
+            policy.update(Step([], 0, 0, False, 0.0, 0.1, parents=[], path=[], asked=0))
+        return steps
+    assert len(shadow_steps(0.05, explore_every=1000)) == 3
+    assert shadow_steps(10.0, explore_every=8) == [0, 8, 16, 32, 64, 128]
