@@ -78,6 +78,13 @@ def test_a_shadow_keeps_the_nodes_that_verifying_its_tree_would_keep(tiny_target
         assert verified.path == shadow.path, shadow.start
 
 
+def steps_to_drafting(steps, after_tokens: int) -> tuple[int, int]:
+    """(the first step after `after_tokens` new tokens, the first step that kept a drafted token; len(steps) if none)"""
+    starts = [sum(s.n_committed for s in steps[:i]) for i in range(len(steps))]
+    first_right = next(i for i, n in enumerate(starts) if n >= after_tokens)
+    return first_right, next((i for i, s in enumerate(steps) if s.n_accepted > 0), len(steps))
+
+
 def test_plain_steps_find_out_from_shadows_when_drafting_pays_and_verify_no_probe(tiny_target):
     """An always-wrong draft: every step plain, and no tree is ever verified (without shadows, probes are); the
     same draft right after 40 tokens: drafting starts within four steps of it. The output is plain decoding's.
@@ -96,13 +103,8 @@ def test_plain_steps_find_out_from_shadows_when_drafting_pays_and_verify_no_prob
     assert probing.tokens == ref.tokens and any(s.proposed for s in probing.trace.steps), "without shadows: probes"
     late = run(len(PROMPT) + 40)
     assert late.tokens == ref.tokens
-    committed, first_right = 0, None
-    for i, s in enumerate(late.trace.steps):
-        if committed >= 40 and first_right is None:
-            first_right = i
-        committed += s.n_committed
-    drafted = [i for i, s in enumerate(late.trace.steps) if s.n_accepted > 0]
-    assert drafted and drafted[0] - first_right <= 4, (first_right, drafted[:3])
+    first_right, first_kept = steps_to_drafting(late.trace.steps, after_tokens=40)
+    assert first_kept - first_right <= 4, (first_right, first_kept)
     assert all(not s.proposed for s in late.trace.steps[:first_right]), "no probe while the draft was wrong"
 
 
@@ -119,13 +121,8 @@ def test_a_cheap_chain_drafter_shadows_its_plain_steps_and_ends_its_warmup_after
     assert sum(s.shadow > 0 for s in wrong.trace.steps) >= len(wrong.trace.steps) // 2
     late = speculative_generate(tiny_target, Oracle(answer, len(PROMPT) + 40, V), PROMPT, 96, policy())
     assert late.tokens == ref.tokens
-    committed, first_right = 0, None
-    for i, s in enumerate(late.trace.steps):
-        if committed >= 40 and first_right is None:
-            first_right = i
-        committed += s.n_committed
-    drafted = [i for i, s in enumerate(late.trace.steps) if s.n_accepted > 0]
-    assert drafted and drafted[0] - first_right <= 3, (first_right, drafted[:3])
+    first_right, first_kept = steps_to_drafting(late.trace.steps, after_tokens=40)
+    assert first_kept - first_right <= 3, (first_right, first_kept)
 
 
 def test_shadows_are_held_to_their_share_of_the_plain_steps_time_and_come_where_probes_would_have():
