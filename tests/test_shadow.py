@@ -1,4 +1,5 @@
 """Shadow proposals: on plain steps the drafter still guesses, unverified, and the committed tokens judge it."""
+import pytest
 import torch
 from test_tree_budget import PROMPT, STEP_CURVE, Oracle
 
@@ -141,3 +142,14 @@ def test_shadows_are_held_to_their_share_of_the_plain_steps_time_and_come_where_
         return steps
     assert len(shadow_steps(0.05, explore_every=1000)) == 3
     assert shadow_steps(10.0, explore_every=8) == [0, 8, 16, 32, 64, 128]
+
+
+def test_a_shadow_share_outside_zero_to_one_is_refused_with_what_it_means():
+    for bad in (-0.1, 1.0, 2, True, "1%"):
+        with pytest.raises(ValueError, match="shadow_share is a share of the plain steps' time"):
+            CostAwareBudget(shadow_share=bad)
+        with pytest.raises(ValueError, match="shadow_share is a share of the plain steps' time"):
+            CostAwareGamma(shadow_share=bad)
+    off = CostAwareBudget(shadow_share=0, verify_curve=STEP_CURVE)
+    off.expect_shadows()                                              # a loop that shadows, a policy that does not
+    assert off.budget() > 0 and not off.shadows, "0: no shadows, the first step a probe as before"

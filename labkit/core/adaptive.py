@@ -40,7 +40,7 @@ def check_margin(margin: float) -> float:
 def check_share(share: float) -> float:
     """The share of the plain steps' time a policy may spend on shadow proposals, in [0, 1)."""
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
-        raise ValueError(f"shadow_share is a share of the plain steps' time in [0, 1) (0.02: 2%; 0: no shadows), "
+        raise ValueError(f"shadow_share is a share of the plain steps' time in [0, 1) (0.01: 1%; 0: no shadows), "
                          f"got {share!r}")
     return float(share)
 

@@ -76,4 +76,3 @@ def follow_shadows(shadows: list[Shadow], committed: list[int], policy) -> list[
         if gained or shadow.settled:
             policy.shadow_grew(shadow, gained)
     return [s for s in shadows if not s.settled]
-
