@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits, token_probs
+from ..core.sampling import GREEDY, SamplingConfig, argmax, probs_from_logits, token_probs
 from ..core.trace import Step
 from ..core.tree import Tree
 from ..core.tree_acceptance import (
@@ -100,7 +100,7 @@ class TreeDecoder(Decoder):
             acc = tree_speculative_accept(tree, nodes, proposal.q_draft, p_target, self.generator)
             p_nodes = p_target[parent_rows, nodes].tolist()
         if self.drafter.reads_verdict:
-            self.drafter.verdict(logits.argmax(-1))                                      # (1+N,)
+            self.drafter.verdict(argmax(logits))                                         # (1+N,)
         # 4. Commit: keep the root and the accepted path in the cache, compacted; drop every other branch
         keep = torch.tensor([0] + [1 + i for i in acc.path])                             # (1+n,) slots after n_cached
         self.cache.commit_path(keep, start=n_cached)
