@@ -11,8 +11,9 @@
 
 Random weights cannot show acceptance, so every speculative number here is REPLAYED ACCEPTANCE
 (labkit/drafters/replay.py): each step proposes the target's own continuation up to the length a real drafter
-got accepted on the real pair on a CPU (data/bench/code_edit: prompt lookup; data/bench/all_drafters: the
-cost-aware draft model), then a wrong token. For that the target's greedy choice must not depend on rounding:
+got accepted on the real pair on a CPU (data/bench/code_edit: prompt lookup, and suffix decoding with drafts of up to
+16 tokens on a decoder built with max_gamma=16; data/bench/all_drafters: the cost-aware draft model; the Medusa and
+EAGLE-3 trees of data/bench/eagle3_trees), then a wrong token. For that the target's greedy choice must not depend on rounding:
 `sharpen` makes it follow a fixed random successor of the current token by a wide margin (a forward's time does
 not depend on the weights' values). Speedups are over compiled greedy decoding in the same mode; "predicted" is
 Leviathan's formula for the replayed acceptance and the measured draft and verify costs (labkit.bench.report).
@@ -50,7 +51,7 @@ from labkit import DraftModelDrafter, speculative_generate  # noqa: E402
 from labkit.bench.report import ideal_speedup  # noqa: E402
 from labkit.bench.runner import load_recorded_steps  # noqa: E402
 from labkit.bench.writer import markdown_table, subplots, write_outputs  # noqa: E402
-from labkit.decoding.compiled import CompiledSpeculativeDecoder, bucket  # noqa: E402
+from labkit.decoding.compiled import CompiledSpeculativeDecoder, bucket, buckets_up_to  # noqa: E402
 from labkit.decoding.compiled_tree import CompiledTreeDecoder, tree_bucket  # noqa: E402
 from labkit.decoding.static import StaticDecoder  # noqa: E402
 from labkit.drafters.medusa import MedusaDrafter, medusa_tree
@@ -62,11 +63,15 @@ from labkit.models.medusa_heads import MedusaHeads
 from labkit.models.transformer import ModelArgs, Transformer  # noqa: E402
 
 TESTS = ["tests/test_compiled_speculative.py", "tests/test_compiled_tree.py", "tests/test_static_decode.py"]
-# key: (results.jsonl, method, category or None, tree); chains are cut to 8 draft tokens, trees to 64 nodes
+# key: (results.jsonl, method, category or None, tree); chains are cut to 8 draft tokens (suffix decoding's to 16,
+# the longest it drafts), trees to 64 nodes
 REPLAYS = {"lookup": ("data/bench/code_edit/results.jsonl", "lookup", None, False),             # zero draft cost
+           "suffix": ("data/bench/code_edit/results.jsonl", "suffix", None, False),             # zero draft cost
            "draft": ("data/bench/all_drafters/results.jsonl", "draft-cost-aware", None, False),  # the draft model's
            "medusa": ("data/bench/eagle3_trees/results.jsonl", "medusa", "coding", True),        # Medusa's heads'
            "eagle3": ("data/bench/eagle3_trees/results.jsonl", "eagle3-tree", "coding", True)}   # an EAGLE-3 head's
+CAPS = {"suffix": 16}               # a chain replay's longest draft where not 8 (the compiled verify's widths)
+LONGEST = max(CAPS.values())
 HEADS = ROOT / "data" / "heads"
 PAIRS = {"1.5b": ("qwen2.5-1.5b + 0.5b draft", SHAPES["qwen2.5-1.5b"], SHAPES["qwen2.5-0.5b"]),
          "7b": ("llama-2-7b + 0.5b draft (vocab 32000)", SHAPES["llama-2-7b"],
@@ -188,7 +193,7 @@ def spec_row(label: str, gen, drafter: ReplayDrafter, continuation: list[int], a
     # γ varies from step to step (lookup: 1-8) and whose acceptance comes in runs, it predicts other tokens a step
     predicted = ideal_speedup(as_lists, [[0, 0, 1, 0.0, ar["step_s"]]], tree=True)
     closed_form = None if tree else ideal_speedup(as_lists, [[0, 0, 1, 0.0, ar["step_s"]]])
-    width = tree_bucket if tree else bucket
+    width = tree_bucket if tree else partial(bucket, buckets=buckets_up_to(LONGEST))
     nbytes = sum(verify_cost(target_args, width(max(1, s.gamma)), context).bytes for s in steps)   # padded widths
     if draft_args is not None:                      # about one draft forward per draft token (catch-ups included)
         nbytes += sum(s.gamma for s in steps) * decode_cost(draft_args, context).bytes
@@ -226,7 +231,7 @@ def replay_drafter(key: str, result: dict, continuation: list[int], target: Tran
 def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, prompt: torch.Tensor, new: int,
                result: dict, budget: Budget, peak: float | None) -> tuple[dict, list[int]]:
     """Compiled AR, then compiled speculation with each replay, in one mode; (the AR row, the AR's tokens)."""
-    max_len, compiling = prompt.numel() + new + 8, bool(mode["static"].get("compile", False))
+    max_len, compiling = prompt.numel() + new + LONGEST, bool(mode["static"].get("compile", False))
     per_shape = result["per_shape_compile_s"]
     rows = []
     result["runs"].append({"pair": name, "mode": mode["label"], "prompt_len": prompt.numel(), "new_tokens": new,
@@ -252,9 +257,9 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
     # 2. compiled speculation, replaying each recorded acceptance; one decoder, so the second drafter reuses the
     #    verify shapes the first compiled
     compiled, dec = set(), None
-    for key, draft_model in (("lookup", None), ("draft", draft)):
-        recorded = result["recorded"][key]["steps"]
-        shapes = {("verify", bucket(g)) for g, _ in recorded} | ({("draft", 1), ("draft", 2)} if draft_model else set())
+    for key, draft_model in (("lookup", None), ("suffix", None), ("draft", draft)):
+        recorded, cap = result["recorded"][key]["steps"], CAPS.get(key, 8)
+        shapes = {("verify", bucket(g, buckets_up_to(LONGEST))) for g, _ in recorded} | ({("draft", 1), ("draft", 2)} if draft_model else set())
         need = len(shapes - compiled) * per_shape.get(mode["label"], 40.0) + 20 if compiling else 20
         if not budget.allows(need, f"{name}, {mode['label']}, replay {key}"):
             continue
@@ -263,17 +268,17 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
             replay, drafter = replay_drafter(key, result, continuation, target, draft_model)
             t0 = time.perf_counter()
             if dec is None:
-                dec = CompiledSpeculativeDecoder(target, drafter, max_len, **mode["static"])
+                dec = CompiledSpeculativeDecoder(target, drafter, max_len, max_gamma=LONGEST, **mode["static"])
             else:
                 dec.use_drafter(drafter)
             dec.warmup(g for g, _ in recorded)
-            dec.generate(prompt, 16, gamma=8)      # a first run's eager glue (acceptance, commit) loads its kernels
+            dec.generate(prompt, 16, gamma=cap)    # a first run's eager glue (acceptance, commit) loads its kernels
             compile_s = time.perf_counter() - t0
-            gen, util = sample(partial(dec.generate, prompt, new, gamma=8), key)
+            gen, util = sample(partial(dec.generate, prompt, new, gamma=cap), key)
             label = (f"compiled speculation ({mode['label']}), replayed {result['recorded'][key]['method']} "
                      "acceptance, " + ("zero draft cost" if draft_model is None else "the draft model's real cost"))
             rows.append(spec_row(label, gen, replay, continuation, ar, target.args,
-                                 None if draft_model is None else draft_model.args, max_len, peak,
+                                 None if draft_model is None else draft_model.args, max_len, peak, full=cap,
                                  replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util))
     del dec
     if mode.get("trees"):
@@ -442,7 +447,7 @@ def markdown(result: dict) -> str:
              f"{result['tests'].get('summary', 'not run')}", ""]
     for key, rec in result["recorded"].items():
         lines.append(f"- replay `{key}`: {rec['method']} from {rec['source']}: {rec['tokens_per_step']:.2f} tokens a "
-                     f"step, acceptance {rec['acceptance_rate']:.2f}, γ capped at 8")
+                     f"step, acceptance {rec['acceptance_rate']:.2f}, γ capped at {rec.get('longest', 8)}")
     rows = [{"pair": s["pair"], "mode": s["mode"], **r} for s in result["runs"] for r in s["rows"]]
     opt = lambda key, fmt: lambda r: fmt.format(r[key]) if r.get(key) is not None else "n/a"  # noqa: E731
     lines += [""] + markdown_table(rows, {
@@ -465,7 +470,7 @@ def plot(result: dict):
     fig, axes = subplots(1, len(runs), figsize=(4.5 * len(runs), 4), squeeze=False)
     for ax, run in zip(axes[0], runs):
         vals = [r["tokens_per_s"] for r in run["rows"]]
-        colors = {"AR": "C7", "lookup": "C2", "draft": "C1", "medusa": "C4", "eagle3": "C3", "transformers": "C0"}
+        colors = {"AR": "C7", "lookup": "C2", "suffix": "C5", "draft": "C1", "medusa": "C4", "eagle3": "C3", "transformers": "C0"}
         bars = ax.bar(range(len(vals)), vals, color=[colors[r.get("replay", "AR")] for r in run["rows"]])
         for b, r in zip(bars, run["rows"]):
             ax.annotate(f"{r['speedup']:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
@@ -526,11 +531,13 @@ def main(argv=None) -> dict:
               "errors": [], "name": args.name,
               "per_shape_compile_s": {}}            # per mode, the first compile measured (a guess of 40 s before)
     for key, (source, method, category, tree) in REPLAYS.items():
-        steps = load_recorded_steps(ROOT / source, method, max_gamma=MAX_TREE if tree else 8, category=category)
+        steps = load_recorded_steps(ROOT / source, method, max_gamma=MAX_TREE if tree else CAPS.get(key, 8),
+                                    category=category)
         accepted, proposed = sum(n for _, n in steps), sum(g for g, _ in steps)
         result["recorded"][key] = {"source": source, "method": method, "category": category, "steps": steps,
                                    "tokens_per_step": (accepted + len(steps)) / len(steps),
-                                   "acceptance_rate": accepted / max(1, proposed)}
+                                   "acceptance_rate": accepted / max(1, proposed),
+                                   "longest": MAX_TREE if tree else CAPS.get(key, 8)}
     if args.smoke:
         dtype, pairs = torch.float32, [("smoke", SMOKE_ARGS, replace(SMOKE_ARGS, n_layers=1), True)]
         modes = [{"label": "static, traced a block at a time (smoke)", "trees": True,

@@ -71,6 +71,24 @@ def test_greedy_equals_autoregressive_for_every_bucket(pair, which, compile):
             assert dec.cache.length == len(dec.tokens) - 1        # every committed token but the last
 
 
+def test_longer_drafts_compile_wider_verifies_and_stay_exact(pair):
+    target, _ = pair
+    prompt = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3)         # a run lookup can copy far
+    ref = autoregressive_generate(target, prompt, max_new_tokens=48).tokens
+    dec = CompiledSpeculativeDecoder(target, PromptLookupDrafter(), max_len=120,
+                                     max_gamma=16)
+    assert dec.buckets == (1, 2, 4, 8, 16) and [dec.bucket(k) for k in (8, 9, 16)] == [8, 16, 16]
+    for gamma in (9, 12, 16):
+        out = dec.generate(prompt, max_new_tokens=48, gamma=gamma)
+        assert out.tokens == ref, gamma
+        assert max(s.gamma for s in out.trace.steps) > 8 and all(s.gamma <= gamma for s in out.trace.steps)
+    with pytest.raises(ValueError, match="pass gamma <= 16"):
+        dec.generate(prompt, max_new_tokens=4, gamma=17)
+    for bad in (4, 12, 64, True):
+        with pytest.raises(ValueError, match="max_gamma must be 8, 16 or 32"):
+            CompiledSpeculativeDecoder(target, PromptLookupDrafter(), max_len=64, max_gamma=bad)
+
+
 @pytest.mark.parametrize("gamma", [2, 5])
 def test_each_step_proposes_and_keeps_what_the_eager_step_does(pair, gamma):
     target, draft = pair

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_mtp
+from conftest import require_shipped, tiny_mtp
 
 from labkit import SamplingConfig, autoregressive_generate, speculative_generate
 from labkit.drafters.mtp import self_speculative
@@ -118,13 +118,14 @@ def test_sampling_with_top_k_1_is_greedy_decoding(kind):
 
 
 def shipped(name):
-    if not (DATA / f"{name}.safetensors").exists():
-        pytest.fail(f"data/mtp/{name}.safetensors is missing: run `make train-mtp`")
+    require_shipped(DATA / f"{name}.safetensors", "run `make train-mtp`")
     return load_checkpoint(DATA / name)
 
 
 def test_every_config_has_its_checkpoint_and_a_results_row():
     """configs/ -> checkpoints (make train-mtp) -> results.json rows (scripts/mtp_results.py): none left behind."""
+    for name in SHIPPED:
+        require_shipped(DATA / f"{name}.safetensors", "run `make train-mtp`")
     checkpoints = sorted(path.stem for path in DATA.glob("*.safetensors"))
     assert SHIPPED_MTP and len(SHIPPED_MTP) < len(SHIPPED), "both multi-token and next-token-only models are shipped"
     assert checkpoints == SHIPPED, "run `make train-mtp` (or remove the config of a model no longer shipped)"

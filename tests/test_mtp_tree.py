@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_mtp
+from conftest import require_shipped, tiny_mtp
 from test_mtp import DATA, PROMPTS, top_k_of_head1
 
 from labkit import SamplingConfig, autoregressive_generate, speculative_generate
@@ -38,6 +38,7 @@ def test_random_model_greedy_tree_equals_autoregressive(n, prompt):
 
 def shipped_with_accuracy(name: str = "gloeckle4_w01_600"):
     """A shipped Gloeckle model and its heads' top-k accuracy on 32 held-out windows (what mtp_results measures)."""
+    require_shipped(DATA / f"{name}.safetensors", "run `make train-mtp`")
     model, meta = load_checkpoint(DATA / name)
     T = meta["train"]["seq_len"]
     heldout = torch.frombuffer(bytearray((DATA / "heldout.txt").read_bytes()), dtype=torch.uint8)

@@ -6,7 +6,7 @@ cost, not what launching them from Python costs:
 
 1. The target sits in a `StaticKVCache`. The verify forward feeds the last committed token and K
    draft tokens, padded to a fixed width: K is rounded up to a bucket of `BUCKETS` = (1, 2, 4, 8),
-   so the verify has four shapes. Each shape is compiled once by torch.compile and, on CUDA,
+   so the verify has four shapes (five or six with max_gamma=16 or 32). Each shape is compiled once by torch.compile and, on CUDA,
    recorded once as a CUDA graph (`FixedShapeStep`); positions and slots are tensors filled in
    place, so nothing Python-side changes between calls.
 2. A draft model drafts on the device too, in its own static cache: one-token steps, and a
@@ -42,12 +42,20 @@ from .base import Decoder, Generation, check_drafter
 from .static import compiled, prefill, static_forward
 
 BUCKETS = (1, 2, 4, 8)      # draft lengths the verify forward is compiled for; K pads up to the next one
-MAX_GAMMA = BUCKETS[-1]
+MAX_GAMMA = BUCKETS[-1]     # the default longest draft; a decoder built with max_gamma=16 or 32 adds those widths
 
 
-def bucket(k: int) -> int:
+def bucket(k: int, buckets: tuple[int, ...] = BUCKETS) -> int:
     """The verify width (in draft tokens) for a draft of k tokens: the smallest bucket that holds it."""
-    return next(b for b in BUCKETS if b >= k)
+    return next(b for b in buckets if b >= k)
+
+
+def buckets_up_to(max_gamma: int) -> tuple[int, ...]:
+    """The verify widths of a decoder that drafts up to `max_gamma` tokens: 1, 2, 4, ... max_gamma (8, 16 or 32)."""
+    if isinstance(max_gamma, bool) or max_gamma not in (8, 16, 32):
+        raise ValueError(f"max_gamma must be 8, 16 or 32 (the longest draft the verify is compiled for), "
+                         f"got {max_gamma!r}")
+    return tuple(2 ** i for i in range(max_gamma.bit_length()))
 
 
 def check_static_loop(model, cuda_graph: bool, max_len: int, least: int, eager: str) -> None:
@@ -244,15 +252,20 @@ class CompiledSpeculativeDecoder(Decoder):
 
     drafter: a `DraftModelDrafter` drafts on the device (whole context, k tokens a step: no early stop, no window);
     a `PacedDrafter` proposes its host drafter's tokens while its draft model runs for its cost; any other chain
-    drafter proposes on the host. gamma: draft tokens a step, 1..8 (or a GammaPolicy, capped at 8).
+    drafter proposes on the host. gamma: draft tokens a step, 1..max_gamma (or a GammaPolicy, capped there).
     compile: torch.compile every shape (`compile_backend`, default inductor; "eager" only traces, as the CPU tests
     do); cuda_graph: record every shape once (CUDA only). max_len: the static caches' slots, which must hold
-    prompt + max_new_tokens + 8 (the verify's padding writes up to 8 slots past the last token).
+    prompt + max_new_tokens + max_gamma (the verify's padding writes up to max_gamma slots past the last token).
+    max_gamma: the longest draft, 8 (verify widths 1, 2, 4, 8 draft tokens), 16 or 32 (one or two widths more to
+    compile: for drafters that copy long runs, as suffix decoding does).
     """
 
     def __init__(self, model: Transformer, drafter: Drafter, max_len: int, compile: bool | str = False,
-                 cuda_graph: bool = False, compile_backend: str = "inductor", compile_options: dict | None = None):
-        check_static_loop(model, cuda_graph, max_len, MAX_GAMMA + 2, "speculative_generate")
+                 cuda_graph: bool = False, compile_backend: str = "inductor", compile_options: dict | None = None,
+                 max_gamma: int = MAX_GAMMA):
+        self.buckets = buckets_up_to(max_gamma)
+        self.max_gamma = max_gamma
+        check_static_loop(model, cuda_graph, max_len, max_gamma + 2, "speculative_generate")
         # every shape is a recompile of the same small function: let dynamo keep them all (its default keeps 8)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self.compiled = dict(compile=compile, cuda_graph=cuda_graph, compile_backend=compile_backend,
@@ -260,10 +273,10 @@ class CompiledSpeculativeDecoder(Decoder):
         a, p = model.args, model.embed_tokens.weight
         self.model, self.max_len = model, max_len
         self.cache = StaticKVCache(a.n_layers, 1, a.n_kv_heads, max_len, a.head_dim, p.dtype, p.device)
-        self.verify_steps = {b: FixedShapeStep(model, self.cache, b + 1, **self.compiled) for b in BUCKETS}
+        self.verify_steps = {b: FixedShapeStep(model, self.cache, b + 1, **self.compiled) for b in self.buckets}
         # a host drafter's tokens travel from page-locked memory, without waiting for the device (a copy from
         # ordinary memory waits for every queued kernel first: the draft model's, on a paced draft)
-        self.draft_host = torch.zeros(MAX_GAMMA, dtype=torch.long, pin_memory=p.device.type == "cuda")
+        self.draft_host = torch.zeros(max_gamma, dtype=torch.long, pin_memory=p.device.type == "cuda")
         self.use_drafter(drafter)
 
     def use_drafter(self, drafter: Drafter) -> None:
@@ -289,7 +302,7 @@ class CompiledSpeculativeDecoder(Decoder):
         """Compile the verify shapes of these draft lengths (default: every bucket) and the draft's, and record their
         graphs now, not inside a timed step (otherwise each is compiled when first used). Call it before `start`:
         its forwards write cache slots that the prefill and the steps overwrite before anything reads them."""
-        for b in BUCKETS if gammas is None else sorted({bucket(min(g, MAX_GAMMA)) for g in gammas}):
+        for b in self.buckets if gammas is None else sorted({self.bucket(min(g, self.max_gamma)) for g in gammas}):
             self.verify_steps[b]()
         if self.draft is not None:
             self.draft.warmup()
@@ -303,17 +316,17 @@ class CompiledSpeculativeDecoder(Decoder):
                    eos_token_ids, seed, sampling)
         if isinstance(gamma, GammaPolicy):
             self.policy = gamma
-        elif check_gamma(gamma) > MAX_GAMMA:
-            raise ValueError(f"gamma={gamma}: the compiled verify has shapes for up to {MAX_GAMMA} draft tokens; "
-                             f"pass gamma <= {MAX_GAMMA}")
+        elif check_gamma(gamma) > self.max_gamma:
+            raise ValueError(f"gamma={gamma}: the compiled verify has shapes for up to {self.max_gamma} draft tokens; "
+                             f"pass gamma <= {self.max_gamma} (or build the decoder with max_gamma=16 or 32)")
         else:
             self.policy = FixedGamma(gamma)
         if self.prompt.numel() + max_new_tokens > self.model.max_seq_len:
             raise ValueError(f"{self.prompt.numel()} prompt + {max_new_tokens} new tokens exceed the model's context "
                              f"of {self.model.max_seq_len}: ask for fewer new tokens")
-        need = self.prompt.numel() + max_new_tokens + MAX_GAMMA
+        need = self.prompt.numel() + max_new_tokens + self.max_gamma
         if need > self.max_len:
-            raise ValueError(f"{self.prompt.numel()} prompt + {max_new_tokens} new tokens + {MAX_GAMMA} padding slots "
+            raise ValueError(f"{self.prompt.numel()} prompt + {max_new_tokens} new tokens + {self.max_gamma} padding slots "
                              f"exceed max_len={self.max_len}: build the decoder with max_len >= {need}")
         device = self.model.device
         self.device_generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
@@ -332,7 +345,7 @@ class CompiledSpeculativeDecoder(Decoder):
     def step(self) -> Step:
         """propose -> verify -> accept -> commit, once; the one host sync reads the verdict."""
         n_before, trace = len(self.tokens), self.trace
-        k = min(self.policy.gamma(), MAX_GAMMA, self.max_new_tokens - trace.n_generated - 1)
+        k = min(self.policy.gamma(), self.max_gamma, self.max_new_tokens - trace.n_generated - 1)
         t0, clock = time.perf_counter(), Clock(self.model.device)
         # 1. Propose: a chain of K <= k draft tokens, on the device
         draft, q_draft = self.propose(k)                                             # (K,), (K, V) or None
@@ -392,12 +405,16 @@ class CompiledSpeculativeDecoder(Decoder):
         at or before its own), their logits are never read, and the next step writes over those slots.
         """
         K, N = draft.shape[0], len(self.tokens)
-        step = self.verify_steps[bucket(K)]
+        step = self.verify_steps[self.bucket(K)]
         step.tokens[0, 0].fill_(self.tokens[-1])       # the last committed token: the cache holds all before it
         step.tokens[0, 1:K + 1].copy_(draft)
         step.at(N - 1)                                 # slots N-1, ..., N-1+B
         self.cache.length = N + K                      # written: N-1 committed + the last one + K drafted
         return step()[0, :K + 1]                       # (K+1, V)
+
+    def bucket(self, k: int) -> int:
+        """This decoder's verify width for a draft of k tokens."""
+        return bucket(k, self.buckets)
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, gamma: int | GammaPolicy = 4,
                  sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
