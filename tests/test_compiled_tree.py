@@ -138,6 +138,30 @@ def test_a_replay_paced_by_medusa_heads_or_a_cost_reads_features_and_stays_exact
     assert len(calls) == len(out.trace.steps)
 
 
+def test_a_paced_replay_queues_its_cost_first_at_the_length_it_then_proposes(target):
+    continuation = autoregressive_generate(target, PROMPTS[0], max_new_tokens=30).tokens
+    events = []
+
+    class Logged(ReplayTreeDrafter):
+        def propose(self, tokens, k, sampling, generator=None):
+            proposal = super().propose(tokens, k, sampling, generator)
+            events.append(("replay", proposal.k))
+            return proposal
+
+    class Cost(CostOnly):
+        def propose(self, tokens, k, sampling, generator=None):
+            events.append(("cost", k))
+            return super().propose(tokens, k, sampling, generator)
+
+    replay = Logged(continuation, [(12, 2), (5, 4), (40, 0)], target.vocab_size)
+    out = CompiledTreeDecoder(target, PacedDrafter(replay, Cost(lambda: None, "head")), max_len=128).generate(
+        PROMPTS[0], 30, budget=20)
+    assert out.tokens == continuation
+    pairs = list(zip(events[::2], events[1::2]))
+    assert pairs and all(c[0] == "cost" and r[0] == "replay" and c[1] == r[1] for c, r in pairs)
+    assert [r[1] for _, r in pairs[:3]] == [12, 5, 20]           # the third capped by the budget
+
+
 def test_bad_requests_say_what_to_do(target):
     sampler = CompiledTreeDecoder(target, DraftModelDrafter(tiny_model(seed=1)), max_len=128)
     with pytest.raises(ValueError, match="samples its tokens.*top-k picks.*tree_generate"):

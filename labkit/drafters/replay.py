@@ -44,6 +44,10 @@ class ReplayDrafter(Drafter):
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         self.prompt_len, self.replayed, self.diverged = prompt_ids.numel(), [], False
 
+    def next_length(self, k: int) -> int:
+        """How many tokens (a tree: nodes) the next `propose(..., k, ...)` proposes, known before it builds them."""
+        return min(self.recorded[len(self.replayed) % len(self.recorded)][0], k)
+
     def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
         if not sampling.greedy:
@@ -136,6 +140,14 @@ class PacedDrafter(Drafter):
 
     def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
+        if isinstance(self.tokens_from, ReplayDrafter):
+            # a replay knows its length first: the drafting cost is queued before the replay builds its tokens on
+            # the host, so on a GPU that host work (the measuring device's, not a drafter's) overlaps the cost
+            if n := self.tokens_from.next_length(k):
+                self.paced_by.propose(tokens, n, sampling, generator)         # the cost, not the tokens
+            proposal = self.tokens_from.propose(tokens, k, sampling, generator)
+            assert proposal.k == n, (proposal.k, n)
+            return proposal
         proposal = self.tokens_from.propose(tokens, k, sampling, generator)
         if proposal.k:
             self.paced_by.propose(tokens, proposal.k, sampling, generator)   # the cost, not the tokens
