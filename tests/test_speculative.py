@@ -237,3 +237,45 @@ def test_the_auto_window_reads_the_whole_prompt_where_this_machine_reads_it_chea
         assert fed[0] == (119 if read is None else 4 + 16), f"the first draft forward read {fed[0]} tokens"
     measured = WindowCosts.measure(tiny_target, tiny_draft, context=32, repeats=1)
     assert measured.draft_seconds_per_token > 0 and measured.target_step_seconds > 0
+
+
+class Silent(PromptLookupDrafter):
+    """Proposes nothing, ever: every step is a plain one."""
+    def propose(self, tokens, k, sampling, generator=None):
+        return super().propose(tokens, 0, sampling, generator)
+
+
+def fed(model):
+    """Wrap model.hidden: the list of token counts of each forward it runs."""
+    calls, hidden = [], model.hidden
+    model.hidden = lambda tokens, *a, **kw: calls.append(tokens.shape[-1]) or hidden(tokens, *a, **kw)
+    return calls
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["plain", "one-token", "repetitive"])
+def test_the_first_token_comes_from_the_prefill_as_in_plain_decoding(prompt):
+    """No loop runs a forward more than plain decoding: the prefill reads the whole prompt and its logits give the
+    first step's first row, so a step that drafts nothing then costs no forward and a draft of K feeds K tokens."""
+    from labkit import TreeDecoder, tree_generate
+
+    model = tiny_model(seed=4)
+    calls = fed(model)
+    ref = autoregressive_generate(model, prompt, max_new_tokens=12).tokens
+    plain, calls[:] = list(calls), []
+    assert plain == [prompt.numel()] + [1] * 11                        # the prompt, then one token per forward
+    assert speculative_generate(model, Silent(), prompt, 12, gamma=4).tokens == ref
+    assert calls == plain
+    calls[:] = []
+    assert tree_generate(model, Silent(), prompt, 12, budget=4).tokens == ref
+    assert calls == plain
+    calls[:] = []
+    dec = SpeculativeDecoder(model, PromptLookupDrafter(), prompt, 12, gamma=3)
+    assert dec.cache.length == prompt.numel() and calls == [prompt.numel()]
+    step = dec.step()                                                  # the first: the draft alone, if any
+    assert calls[1:] == ([len(step.proposed)] if step.proposed else [])
+    assert dec.cache.length == len(dec.tokens) - 1                     # from now on: all but the last
+    calls[:] = []
+    tree = TreeDecoder(model, PromptLookupDrafter(), prompt, 12, budget=3)
+    step = tree.step()
+    assert calls[1:] == ([len(step.proposed)] if step.proposed else []) and tree.cache.length == len(tree.tokens) - 1
+    assert dec.run().tokens == ref and tree.run().tokens == ref

@@ -22,8 +22,8 @@ def test_take_step_measures_both_rollbacks(tiny_target, tiny_draft):
         n, s = len(v.context), v.step
         t, d = v.target_cache, v.draft_cache
         assert v.index == i
-        assert t.before == n - 1                       # every committed token but the last
-        assert t.peak == t.before + s.gamma + 1        # verify fed the last token + γ drafts
+        assert t.before == n - (i > 0)                 # every committed token but the last (first: all of them)
+        assert t.peak == n + s.gamma                   # verify fed the last token (first: the prefill had it) + γ
         assert t.after == n + s.n_accepted             # kept: up to the accepted prefix
         assert t.dropped == s.gamma - s.n_accepted
         assert d.peak == n + s.gamma - 1               # the draft saw all committed and γ-1 of its own

@@ -2,9 +2,11 @@
 
 Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding", and
 Chen et al. 2023, "Accelerating LLM Decoding with Speculative Sampling". The target's cache
-always holds every committed token but the last; a step feeds that last token plus the K
-draft tokens in one forward, whose K+1 outputs score each draft token and give one more.
-Batch size 1: each sequence accepts a different number of tokens per step.
+holds every committed token but the last; a step feeds that last token plus the K draft tokens
+in one forward, whose K+1 outputs score each draft token and give one more. The first step is
+the exception: the prefill read the whole prompt, as plain decoding's does, so its logits after
+the last prompt token are the first row and the step feeds only the draft (no forward at all
+for an empty one). Batch size 1: each sequence accepts a different number of tokens per step.
 """
 from __future__ import annotations
 
@@ -43,9 +45,9 @@ class SpeculativeDecoder(Decoder):
         self.policy.expect_shadows()
         t0 = time.perf_counter()
         with torch.no_grad():
-            self.cache = target.new_cache()                 # holds every committed token but the last
-            if len(self.tokens) > 1:
-                target(self.prompt[None, :-1].to(target.device), self.cache, num_logits=1)
+            self.cache = target.new_cache()                 # every prompt token: the first step feeds no root
+            self.prefill_logits = target(self.prompt[None].to(target.device), self.cache,
+                                         num_logits=1)[0, -1:].cpu()                     # (1, V) after the prompt
             drafter.start(self.prompt)
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
 
@@ -64,10 +66,9 @@ class SpeculativeDecoder(Decoder):
             raise ValueError(f"the {self.drafter.name} drafter proposed a tree: decode it with "
                              "labkit.decoding.tree.TreeDecoder (or tree_generate)")
         draft = proposal.tokens[:k]                                                        # (K,)
-        # 2. Verify: one target forward over [last committed token, draft...]
+        # 2. Verify: one target forward over [last committed token, draft...] (the first step: the draft alone)
         t1 = time.perf_counter()
-        feed = torch.tensor([self.tokens[-1]] + draft.tolist(), device=self.target.device)[None]  # (1, K+1)
-        logits = self.target(feed, self.cache)[0].cpu()                                    # (K+1, V)
+        logits = self.verify(draft)                                                        # (K+1, V)
         t2 = time.perf_counter()
         # 3. Accept: the longest prefix the target agrees with, plus one token of the target's
         if self.sampling.greedy:
@@ -86,6 +87,18 @@ class SpeculativeDecoder(Decoder):
                     p_draft, proposal.q_token[:k].tolist(), asked=k, shadow=shadow)
         self.policy.update(step)
         return self._record(step, new_tokens, t0)
+
+    def verify(self, draft: torch.Tensor) -> torch.Tensor:
+        """Target logits (K+1, V) after the last committed token and each of the K draft tokens. On the first step
+        the cache already holds the last committed token (the prompt's) and the prefill gave its row."""
+        first, self.prefill_logits = self.prefill_logits, None
+        if first is None:
+            feed = torch.tensor([self.tokens[-1]] + draft.tolist(), device=self.target.device)[None]   # (1, K+1)
+            return self.target(feed, self.cache)[0].cpu()                                      # (K+1, V)
+        if not draft.numel():
+            return first                                                                       # (1, V)
+        rows = self.target(draft[None].to(self.target.device), self.cache)[0].cpu()           # (K, V)
+        return torch.cat([first.to(rows.dtype), rows])                                         # (K+1, V)
 
 
 def speculative_generate(target: Target, drafter: Drafter, prompt_ids: torch.Tensor, max_new_tokens: int,

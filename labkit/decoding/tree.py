@@ -3,7 +3,8 @@
 The loop of `speculative.py` with a tree in place of a chain (SpecInfer, Medusa, EAGLE). A step
 feeds the last committed token (the root) and the N tree nodes in one target forward, each node
 at RoPE position root + depth and attending to the cache, the root and its own ancestors
-(`Tree.verify_mask`). Acceptance picks the longest root-to-leaf path the target agrees with plus
+(`Tree.verify_mask`); the first step feeds the nodes alone, as the prefill read the whole prompt
+and gave the root's features and logits. Acceptance picks the longest root-to-leaf path the target agrees with plus
 one token of the target's; rollback keeps exactly the accepted path's KV entries, moved into
 place right after the root (`KVCache.commit_path`), and drops every other branch.
 
@@ -60,17 +61,17 @@ class TreeDecoder(Decoder):
         policy.expect_shadows()
         t0 = time.perf_counter()
         with torch.no_grad():
-            self.cache = target.new_cache()                     # holds every committed token but the last
-            features = torch.zeros(0, target.feature_dim, dtype=target.feature_dtype, device=target.device)  # (0, F)
-            if len(self.tokens) > 1:
-                features = target.features(self.prompt[None, :-1].to(target.device), self.cache)     # (T-1, F)
-            drafter.start(self.prompt, features)
+            self.cache = target.new_cache()                     # every prompt token: the first step feeds no root
+            features = target.features(self.prompt[None].to(target.device), self.cache)             # (T, F)
+            self.prefill_root = features[-1:], target.logits(features[-1:]).cpu()   # the root's (1, F), (1, V)
+            drafter.start(self.prompt, features[:-1])           # the root's features come with its step's commit
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
 
     @torch.no_grad()
     def step(self) -> Step:
         """propose a tree -> verify it -> accept a path -> commit and compact, once."""
-        n_cached, asked = self.cache.length, self.budget.budget()
+        n_cached = self.cache.length - (self.prefill_root is not None)        # the root's slot
+        asked = self.budget.budget()
         budget = min(asked, self.max_new_tokens - self.trace.n_generated - 1, self.cache.room() - 1)
         # 1. Propose: a tree of candidate continuations (none on a plain step, unless one to judge unverified)
         t0 = time.perf_counter()
@@ -81,14 +82,7 @@ class TreeDecoder(Decoder):
         tree, nodes = proposal.as_tree(), proposal.tokens.cpu()                              # (N,)
         # 2. Verify: root + every node in one forward, each node seeing only its ancestors
         t1 = time.perf_counter()
-        feed = torch.tensor([self.tokens[-1]] + nodes.tolist(), device=self.target.device)[None]   # (1, 1+N)
-        if nodes.numel():
-            positions = torch.cat([torch.tensor([n_cached]), tree.positions(n_cached)])            # (1+N,)
-            mask = tree.verify_mask(n_cached).to(self.target.device)                               # (1+N, S)
-            hidden = self.target.features(feed, self.cache, positions[None].to(self.target.device), mask)  # (1+N, F)
-        else:       # a plain step (budget 0): the root alone, computed as plain decoding computes it (no mask)
-            hidden = self.target.features(feed, self.cache)                                        # (1, F)
-        logits = self.target.logits(hidden).cpu()                                        # (1+N, V)
+        hidden, logits = self.verify(tree, nodes, n_cached)                              # (1+N, F), (1+N, V)
         t2 = time.perf_counter()
         # 3. Accept: the longest agreeing path plus one token of the target's
         parent_rows = tree.parents + 1                                                    # (N,) row of each node's parent
@@ -111,6 +105,28 @@ class TreeDecoder(Decoder):
                     parents=tree.parents.tolist(), path=acc.path, asked=budget, shadow=shadow)
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
+
+    def verify(self, tree: Tree, nodes: torch.Tensor, n_cached: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features (1+N, F) and logits (1+N, V) of the root (slot n_cached) and the N nodes. On the first step the
+        root is the prompt's last token, already in the cache, and the prefill gave its row: the nodes go alone."""
+        root, self.prefill_root = self.prefill_root, None
+        device = self.target.device
+        if root is None:
+            feed = torch.tensor([self.tokens[-1]] + nodes.tolist(), device=device)[None]            # (1, 1+N)
+            if not nodes.numel():  # a plain step (budget 0): the root alone, as plain decoding computes it (no mask)
+                hidden = self.target.features(feed, self.cache)                                     # (1, F)
+            else:
+                positions = torch.cat([torch.tensor([n_cached]), tree.positions(n_cached)])         # (1+N,)
+                mask = tree.verify_mask(n_cached).to(device)                                        # (1+N, S)
+                hidden = self.target.features(feed, self.cache, positions[None].to(device), mask)  # (1+N, F)
+            return hidden, self.target.logits(hidden).cpu()                                         # (1+N, V)
+        root_hidden, root_logits = root
+        if not nodes.numel():
+            return root_hidden, root_logits
+        positions, mask = tree.positions(n_cached), tree.verify_mask(n_cached)[1:].to(device)      # (N,), (N, S)
+        hidden = self.target.features(nodes[None].to(device), self.cache, positions[None].to(device), mask)  # (N, F)
+        logits = self.target.logits(hidden).cpu()                                                 # (N, V)
+        return torch.cat([root_hidden, hidden]), torch.cat([root_logits.to(logits.dtype), logits])
 
 
 def tree_generate(target: Transformer | TreeTarget, drafter: Drafter, prompt_ids: torch.Tensor, max_new_tokens: int,
