@@ -111,7 +111,8 @@ def test_plain_steps_find_out_from_shadows_when_drafting_pays_and_verify_no_prob
 
 def test_a_cheap_chain_drafter_shadows_its_plain_steps_and_ends_its_warmup_after_one_draft(tiny_target):
     """Through the chain loop: a free, always-wrong draft is verified once (the first step times it), then every step
-    is plain with a shadow; right after 40 tokens it drafts again within three steps."""
+    is plain with a shadow; right after 40 tokens it drafts again within four steps (a tiny model's steps are timed,
+    and the shadows are paid from that time)."""
     def policy():
         return CostAwareGamma(start=3, shadow_share=0.9)
     ref = autoregressive_generate(tiny_target, PROMPT, 96)
@@ -123,12 +124,14 @@ def test_a_cheap_chain_drafter_shadows_its_plain_steps_and_ends_its_warmup_after
     late = speculative_generate(tiny_target, Oracle(answer, len(PROMPT) + 40, V), PROMPT, 96, policy())
     assert late.tokens == ref.tokens
     first_right, first_kept = steps_to_drafting(late.trace.steps, after_tokens=40)
-    assert first_kept - first_right <= 3, (first_right, first_kept)
+    assert first_kept - first_right <= 4, (first_right, first_kept)
 
 
 def test_shadows_are_held_to_their_share_of_the_plain_steps_time_and_come_where_probes_would_have():
-    """A shadow that costs half a plain step and a 1% share: the first (which times it), then one per 50 plain steps;
-    one that costs 100 steps: only where an exploring step would have been, 8, 16, 32, ... plain steps apart."""
+    """With a 1% share the shadows cost at most 1% of the plain steps' time and one shadow besides: one that costs
+    half a plain step comes first (which times it), then once its debt is paid and the next is banked (100 plain
+    steps on); one that costs 100 steps, the first only; one that costs a tenth of a step also where an exploring
+    step would have been (8, 16, 32, ... plain steps apart) whenever the last one is paid for."""
     def shadow_steps(seconds: float, explore_every: int) -> list[int]:
         policy = CostAwareBudget(max_budget=8, verify_curve=STEP_CURVE, explore_every=explore_every)
         policy.expect_shadows()
@@ -140,8 +143,11 @@ def test_shadows_are_held_to_their_share_of_the_plain_steps_time_and_come_where_
                 policy.add_shadow(Shadow(start=i, tokens=[1, 2], parents=[-1, 0], seconds=seconds, settled=True))
             policy.update(Step([], 0, 0, False, 0.0, 0.1, parents=[], path=[], asked=0))
         return steps
-    assert len(shadow_steps(0.05, explore_every=1000)) == 3
-    assert shadow_steps(10.0, explore_every=8) == [0, 8, 16, 32, 64, 128]
+    assert shadow_steps(0.05, explore_every=1000) == [0, 100]
+    assert shadow_steps(10.0, explore_every=8) == [0]
+    steps = shadow_steps(0.01, explore_every=8)
+    assert {16, 32, 64, 128} <= set(steps) and 8 not in steps and len(steps) > 5     # at 8 the first is not paid yet
+    assert all(0.01 * i <= 0.01 * 0.1 * step + 0.01 + 1e-12 for i, step in enumerate(steps))   # share + one shadow
 
 
 def test_a_shadow_share_outside_zero_to_one_is_refused_with_what_it_means():

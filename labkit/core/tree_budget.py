@@ -180,8 +180,10 @@ class CostAwareBudget:
     def shadow_size(self) -> int:
         """Asked by the loop on a plain step: nodes the drafter should propose unverified now (0: none). A shadow
         is due when the plain steps have banked `shadow_share` of their time to pay for one (always while what
-        a shadow costs is unknown), and in any case where an exploring step would have been (8, 16, 32, ... plain
-        steps apart): a shadow costs the drafter's work, an exploring step that and a verify besides."""
+        a shadow costs is unknown), and where an exploring step would have been (8, 16, 32, ... plain steps
+        apart) as soon as the last one is paid for: that one may run the bank into debt, which the next plain
+        steps pay back first. So the shadows never cost more than their share of the plain steps' time and one
+        shadow besides (a shadow costs the drafter's work, an exploring step that and a verify besides)."""
         if self.last != 0 or not self.shadows:
             return 0
         scheduled = self.n_steps >= self.next_explore
@@ -189,9 +191,8 @@ class CostAwareBudget:
             self.next_explore, self.interval = self.n_steps + self.interval, 2 * self.interval
         if self.shadow_seconds is not None:
             self.credit = min(self.credit + self.shadow_share * self.verify(1), self.shadow_seconds)
-            if self.credit < self.shadow_seconds and not scheduled:
+            if self.credit < (0.0 if scheduled else self.shadow_seconds):
                 return 0
-            self.credit = max(0.0, self.credit - self.shadow_seconds)
         return self.max_budget
 
     def add_shadow(self, shadow: Shadow) -> None:
@@ -199,6 +200,7 @@ class CostAwareBudget:
         loop follows it along the committed tokens."""
         self.shadow_seconds = shadow.seconds if self.shadow_seconds is None else \
             0.8 * self.shadow_seconds + 0.2 * shadow.seconds
+        self.credit -= shadow.seconds                               # the bank pays what it cost (the first too)
         if shadow.n_nodes:
             self.history.append((self.max_budget, shadow.n_nodes, shadow.path))
             self._add_draft_seconds(shadow.seconds)
