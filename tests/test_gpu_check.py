@@ -16,9 +16,11 @@ def test_smoke_run_writes_every_output_and_replays_the_recorded_acceptance(tmp_p
     result = gpu_check.main(["--smoke", "--out", str(tmp_path), "--prompt-len", "12", "--new-tokens", "32"])
     assert [run["mode"] for run in result["runs"]] == ["static, traced a block at a time (smoke)", "eager loop"]
     rows = result["runs"][0]["rows"] + result["runs"][1]["rows"]
-    assert [r["method"].split(" (")[0] for r in rows] == ["compiled AR"] + ["compiled speculation"] * 2 \
+    assert [r["method"].split(" (")[0] for r in rows] == ["compiled AR"] + ["compiled speculation"] * 3 \
         + ["compiled tree speculation"] * 2 + ["eager loop"] * 2
-    assert [r.get("replay") for r in rows] == [None, "lookup", "draft", "medusa", "eagle3", "lookup", "draft"]
+    assert [r.get("replay") for r in rows] == [None, "lookup", "suffix", "draft", "medusa", "eagle3", "lookup", "draft"]
+    suffix = result["recorded"]["suffix"]                    # suffix decoding's long drafts: up to 16 tokens
+    assert suffix["longest"] == 16 and max(g for g, _ in suffix["steps"]) > 8 and suffix["tokens_per_step"] > 2.3
     assert all(r["replay_equals_recorded"] and r["tokens_equal_continuation"] for r in rows[1:])
     assert all(r["predicted_speedup"] and r["measured_over_predicted"] for r in rows[1:])   # the step-wise prediction
     for name in ("gpu_spec.json", "gpu_spec.md", "gpu_spec.png"):
