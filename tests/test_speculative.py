@@ -9,8 +9,10 @@ from labkit import (
     HeuristicGamma,
     PromptLookupDrafter,
     SpeculativeDecoder,
+    TreeDecoder,
     autoregressive_generate,
     speculative_generate,
+    tree_generate,
 )
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
@@ -256,8 +258,6 @@ def fed(model):
 def test_the_first_token_comes_from_the_prefill_as_in_plain_decoding(prompt):
     """No loop runs a forward more than plain decoding: the prefill reads the whole prompt and its logits give the
     first step's first row, so a step that drafts nothing then costs no forward and a draft of K feeds K tokens."""
-    from labkit import TreeDecoder, tree_generate
-
     model = tiny_model(seed=4)
     calls = fed(model)
     ref = autoregressive_generate(model, prompt, max_new_tokens=12).tokens

@@ -31,10 +31,10 @@ While steps are plain, the drafter still proposes, unverified (core/shadow.py): 
 whose nodes the tokens the plain steps go on to commit accept or reject exactly as a verify would have (under
 greedy decoding). Each shadow is remembered as a step of the largest budget, its accepted path growing as
 tokens are committed, so drafting resumes as soon as shadows say it pays, and no verify is spent on finding
-out. Shadows cost only the drafter's work, held to `shadow_share` (1%) of the plain steps' time, and come at
-least where exploring steps would have (8, 16, 32, ... plain steps apart): a drafter that costs next to
-nothing (suffix decoding) shadows every plain step, Medusa's heads (0.2 of a step on a 2-core CPU) about every
-twentieth and on that schedule. When shadows resume drafting, the next exploring step is `explore_every` steps
+out. Shadows cost only the drafter's work, every one (the first too) paid from `shadow_share` (1%) of the
+plain steps' time, and come where exploring steps would have (8, 16, 32, ... plain steps apart) once the last
+is paid for: a drafter that costs next to nothing (suffix decoding) shadows every plain step, Medusa's heads
+(0.2 of a step on a 2-core CPU) about every twentieth. When shadows resume drafting, the next exploring step is `explore_every` steps
 away (the shadows have just tried the largest tree). The first step is such a plain step with a shadow, which
 also times the drafter. A loop that cannot shadow gets exploring steps instead, as follows. With the machine's
 curve, the first step verifies the largest tree priced at most `probe_cost` (30%) above a plain step (at least
