@@ -129,7 +129,7 @@ def markdown(result: dict) -> str:
              f"Bandwidth line: weight bytes / {result['bandwidth']['value'] / 1e9:.1f} GB/s "
              f"({result['bandwidth']['source']}). " + _compute_line_note(result["matmul_flops"]), "",
              "| path | precision | t(1) ms | " + " | ".join(f"t({t})/t(1)" for t in T[1:])
-             + " | bandwidth line ms | t(1) / bandwidth line |",
+             + " | bandwidth line ms | bandwidth line / t(1) |",
              "|---|---|---|" + "---|" * (len(T) - 1) + "---|---|"]
     for r in result["rows"]:
         if "skipped" in r:
