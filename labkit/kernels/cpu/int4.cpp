@@ -42,7 +42,6 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
-#include <cmath>
 #include <type_traits>
 #include <vector>
 #include "vec.h"
