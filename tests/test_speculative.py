@@ -124,7 +124,7 @@ def test_cost_aware_gamma_stops_drafting_when_it_does_not_pay_and_probes_with_ba
         g = policy.gamma()
         chosen.append(g)
         policy.update(synthetic_step(g, 0, draft_per_token=0.05, verify=0.10 + 0.01 * g))
-    assert chosen[:2] == [3, 3]
+    assert chosen[:2] == [3, 2], "the warm-up's second draft is the length that pays best were 0.8 accepted"
     drafts = [i for i, g in enumerate(chosen) if g > 0]                  # the warm-up's last draft, then probes
     assert chosen[2] == 0
     assert drafts[:5] == [0, 1, 6, 15, 32], f"drafts at steps {drafts}: 4, 8, 16 plain steps between probes"
@@ -146,6 +146,28 @@ def test_cost_aware_gamma_drafts_only_where_it_beats_plain_decoding_by_the_margi
     assert best(0.03, margin=0.0) == 1
     with pytest.raises(ValueError, match="margin"):
         CostAwareGamma(margin=-0.1)
+
+
+def test_cost_aware_gamma_warms_up_only_with_drafts_that_could_pay():
+    """On a measured verify curve, half of each draft accepted: a draft costing half a target step a token,
+    verified at a steep price, could not pay even were 0.8 of it accepted, so one timed step of `start` is the
+    whole warm-up (plain steps follow); a draft costing a tenth of a step a token on a flat curve keeps `start`
+    through the warm-up, and on the steep curve too once its first draft was all accepted."""
+    def warmup(draft_per_token: float, curve: dict[int, float], accepted=lambda g: g // 2) -> list[int]:
+        policy = CostAwareGamma(start=4, warmup=3, probe_every=8, verify_curve=curve)
+        chosen = []
+        for _ in range(3):
+            g = policy.gamma()
+            chosen.append(g)
+            policy.update(synthetic_step(g, accepted(g), draft_per_token=draft_per_token, verify=0.1 * (1 + 0.3 * g)))
+        return chosen
+    steep, flat = {1: 1.0, 2: 1.3, 8: 3.1}, {1: 1.0, 2: 1.01, 8: 1.07}
+    assert warmup(0.05, steep) == [4, 0, 0]
+    assert warmup(0.01, flat) == [4, 4, 4]
+    assert warmup(0.01, steep)[1] in (1, 2, 3), "a cheap draft on a steep curve warms up on a shorter chain"
+    assert warmup(0.01, steep, accepted=lambda g: g) == [4, 4, 4], "unless it proved better than hoped"
+    with pytest.raises(ValueError, match="hope"):
+        CostAwareGamma(hope=1.0)
 
 
 def test_cost_aware_gamma_drafts_long_when_verify_is_flat_and_drafts_are_good():
@@ -238,7 +260,27 @@ def test_the_auto_window_reads_the_whole_prompt_where_this_machine_reads_it_chea
         assert drafter.window == read and out.tokens == ref.tokens
         assert fed[0] == (119 if read is None else 4 + 16), f"the first draft forward read {fed[0]} tokens"
     measured = WindowCosts.measure(tiny_target, tiny_draft, context=32, repeats=1)
-    assert measured.draft_seconds_per_token > 0 and measured.target_step_seconds > 0
+    assert measured.draft_seconds_per_token > 0 and measured.target_step_seconds > 0 and measured.draft_step_seconds > 0
+
+
+def test_the_auto_window_credits_a_whole_context_read_with_no_more_than_drafting_can_save():
+    """A draft whose step costs 0.45 of the target's, on a verify curve that grows fast with width: drafting saves
+    at most 0.22 of a step per token even were 0.9 of it accepted, so reading the whole prompt is worth that much
+    and no more (shorter prompts read whole); a draft at 0.1 of a step on a flat curve keeps SAVING."""
+    from labkit.core.adaptive import expected_speedup
+    from labkit.drafters.window import COPY_ALPHA, SAVING, AutoWindow, WindowCosts
+    steep = {1: 1.0, 2: 1.17, 4: 1.34, 8: 2.47, 16: 4.89}
+    dear = AutoWindow(WindowCosts(0.0026, 0.0446, 0.02), new_tokens=64, window=64, verify_curve=steep)
+    t = {2: 1.17, 3: 1.255, 4: 1.34, 5: 1.6225}                     # the curve between its points: t(γ + 1) / t(1)
+    best = max(expected_speedup(COPY_ALPHA, g, 0.02 / 0.0446, t[g + 1]) for g in (1, 2, 3, 4))
+    assert dear.most_saving() == pytest.approx(1 - 1 / best) and dear.most_saving() < SAVING
+    assert dear.budget_seconds() == pytest.approx(dear.most_saving() * 64 * 0.0446)
+    unmeasured = AutoWindow(WindowCosts(0.0026, 0.0446), new_tokens=64, window=64, verify_curve=steep)
+    assert dear.longest_whole_prompt() < unmeasured.longest_whole_prompt()
+    assert dear.choose(350) == 64 and unmeasured.choose(350) is None
+    assert "less than 0.3 because its own step costs 20.0 ms" in dear.describe()
+    cheap = AutoWindow(WindowCosts(0.0026, 0.0446, 0.0045), 64, 64, verify_curve={1: 1.0, 64: 1.1})
+    assert cheap.saving_per_token() == SAVING and "less than" not in cheap.describe()
 
 
 class Silent(PromptLookupDrafter):

@@ -69,7 +69,7 @@ class Models:
             return None
         if self.window_costs is None:
             self.window_costs = WindowCosts.measure(self.target.model, self.draft.model)
-        return AutoWindow(self.window_costs, new_tokens, DEFAULT_WINDOW)
+        return AutoWindow(self.window_costs, new_tokens, DEFAULT_WINDOW, verify_curve=_verify_curve(self))
 
     @property
     def compiled(self) -> bool:
@@ -108,7 +108,10 @@ def _speculative(drafter: Callable[[Models, int], object], policy: Callable[[int
         def run(ids):
             # an adaptive γ drafts at most the compiled verify's 8 tokens where the compiled loop runs
             capped = m.compiled and isinstance(policy, type) and issubclass(policy, GammaPolicy)
-            chosen = policy(gamma, max_gamma=MAX_GAMMA) if capped else policy(gamma)
+            kw = {"max_gamma": MAX_GAMMA} if capped else {}
+            if policy is CostAwareGamma:                 # priced on this machine's verify curve, as the budgets are
+                kw["verify_curve"] = _verify_curve(m)
+            chosen = policy(gamma, **kw)
             return from_generation(decode(m.target.model, drafter(m, n), ids, n, chosen, eos_token_ids=eos,
                                           loop=m.loop)[0])
         return run

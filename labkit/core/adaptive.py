@@ -174,15 +174,22 @@ class VerifyTime:
 # step's time varies by a few percent on a shared CPU, and a loop's own bookkeeping is not in the estimate, so a
 # smaller expected gain is as likely a loss.
 MARGIN = 0.05
+# The acceptance rate the cost-aware warm-up sizes its drafts for, before the run has measured its own: a little
+# below what a good draft reaches on the text it suits (the lab's 0.5B draft of the 1.5B target, both 4-bit, accepts
+# 0.85-0.94 of its tokens at γ = 4 on coding, math and rag; data/bench/int4_target_amd-epyc-avx2).
+HOPE = 0.8
 
 
 class CostAwareGamma(GammaPolicy):
     """Ours: pick γ maximising expected tokens per second from what this run has measured.
 
-    α is a decayed maximum-likelihood estimate (accepted / (accepted + rejections)); the
-    draft step time and a linear verify-time model t(n) = a + b·n are fitted from the trace.
-    The first `warmup` steps draft `start` tokens (one, where the drafter costs little enough to shadow: see
-    below). γ = 0 is a choice too (plain decoding through the same loop) when no draft length is expected to beat
+    α is a decayed maximum-likelihood estimate (accepted / (accepted + rejections)); the draft step time is
+    fitted from the trace, and the verify time too: this machine's measured curve t(n)/t(1) scaled by the run's
+    steps (`verify_curve`), or without one a line t(n) = a + b·n through them.
+    The first of `warmup` steps drafts `start` tokens (one, where the drafter costs little enough to shadow: see
+    below); once it has timed the draft, the rest draft as many tokens (at most `start`) as would pay best were the
+    draft at least as good as `hope` (α = 0.8), so a draft that costs too much to pay even then stops after one step
+    instead of spending the whole warm-up on long drafts. γ = 0 is a choice too (plain decoding through the same loop) when no draft length is expected to beat
     one target step per token by `margin` (5%). On plain steps the drafter still proposes, unverified, while its
     work stays within `shadow_share` (1%) of their time (core/shadow.py): the tokens the plain steps commit
     accept or reject each shadow token as a verify would, so α stays current without spending a verify
@@ -193,15 +200,21 @@ class CostAwareGamma(GammaPolicy):
     name = "cost-aware"
 
     def __init__(self, start: int = 5, max_gamma: int = 16, decay: float = 0.9, warmup: int = 3,
-                 probe_every: int = 8, margin: float = MARGIN, shadow_share: float = SHADOW_SHARE):
+                 probe_every: int = 8, margin: float = MARGIN, shadow_share: float = SHADOW_SHARE,
+                 verify_curve: dict[int, float] | None = None, hope: float = HOPE):
         """margin: how much faster than plain decoding a draft must be expected to be before a step drafts;
-        shadow_share: the share of the plain steps' time unverified proposals on them may cost (0: none)."""
+        shadow_share: the share of the plain steps' time unverified proposals on them may cost (0: none);
+        verify_curve: this machine's {tokens: t(tokens)/t(1)} (None: fit a line to the run's steps);
+        hope: the acceptance rate the warm-up's drafts are sized for."""
         self.k, self.max_gamma, self.decay, self.warmup = check_gamma(start), check_gamma(max_gamma), decay, warmup
         self.margin = check_margin(margin)
+        if isinstance(hope, bool) or not isinstance(hope, (int, float)) or not 0 < hope < 1:
+            raise ValueError(f"hope is an acceptance rate in (0, 1) (0.8: 80% of drafted tokens), got {hope!r}")
+        self.hope = float(hope)
         self.probe_every = self.interval = check_gamma(probe_every)
         self.accepted = self.rejected = 0.0
         self.draft_time = self.draft_tokens = 0.0
-        self.verify_time = VerifyTime(decay=decay)   # seconds of a verify pass of n tokens, fitted from the trace
+        self.verify_time = VerifyTime(verify_curve, decay=decay)   # seconds of a verify pass of n tokens
         self.n_steps = 0
         self.idle = 0          # plain (γ = 0) steps since the last draft or shadow
         self.shadow_share, self.credit = check_share(shadow_share), 0.0
@@ -262,9 +275,11 @@ class CostAwareGamma(GammaPolicy):
         """The draft length a probe or shadow tries: the best one, plain decoding aside."""
         return max(range(1, self.max_gamma + 1), key=self.tokens_per_second)
 
-    def tokens_per_second(self, g: int) -> float:
-        """Expected committed tokens per second drafting g tokens a step (g = 0: plain decoding)."""
-        alpha = self.accepted / max(1e-9, self.accepted + self.rejected)
+    def tokens_per_second(self, g: int, alpha: float | None = None) -> float:
+        """Expected committed tokens per second drafting g tokens a step (g = 0: plain decoding), at the run's
+        acceptance rate or at `alpha`."""
+        if alpha is None:
+            alpha = self.accepted / max(1e-9, self.accepted + self.rejected)
         t_draft = self.draft_time / max(1e-9, self.draft_tokens)
         return expected_tokens(alpha, g) / (g * t_draft + max(1e-9, self.verify_time(g + 1)))
 
@@ -273,7 +288,20 @@ class CostAwareGamma(GammaPolicy):
         best = max(range(0, self.max_gamma + 1), key=self.tokens_per_second)
         return 0 if self.tokens_per_second(best) < (1 + self.margin) * self.tokens_per_second(0) else best
 
+    def _hopeful(self) -> int:
+        """A warm-up step's γ: the best up to `start` were α at least `hope`, the margin asked as of any draft (0:
+        none)."""
+        alpha = max(self.hope, self.accepted / max(1e-9, self.accepted + self.rejected))
+        rate = lambda g: self.tokens_per_second(g, alpha)
+        best = max(range(0, self.k + 1), key=rate)
+        return 0 if rate(best) < (1 + self.margin) * rate(0) else best
+
     def gamma(self) -> int:
+        if 0 < self.n_steps < self.warmup:
+            self.k = self._hopeful()
+            if self.k:
+                return self.k
+            self.n_steps = self.warmup           # not even a good draft would pay: the usual rule from here on
         if self.n_steps < self.warmup:
             return self.k
         best = self._best()

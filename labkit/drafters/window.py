@@ -16,7 +16,11 @@ when the extra reading costs at most `SAVING` target steps per token it may gene
     (prompt tokens - window - sinks) x draft seconds per token  <=  SAVING x max new tokens x target step
 
 and the window otherwise. SAVING is below the measured saving, since answers often end before
-max_new_tokens (the bound the rule uses) and a short answer earns back less.
+max_new_tokens (the bound the rule uses) and a short answer earns back less. Nor can reading save more
+than drafting saves at all: where the draft's own step is dear (a 4-bit draft costs 0.45 of a 4-bit
+target's step on an AVX2 EPYC, whose verify cost also grows fast with its width), even a draft that
+copies from the prompt (COPY_ALPHA of its tokens accepted) saves less than 0.3 of a step per token, and
+the rule uses that smaller saving (`most_saving`), from the draft's step time and the verify curve.
 """
 from __future__ import annotations
 
@@ -25,38 +29,49 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.adaptive import VerifyCurve, expected_speedup
+
 SAVING = 0.3           # target steps a whole-context draft is taken to save per new token (measured: 0.45)
 # The window a draft falls back to where reading the whole prompt does not pay (a DraftModelDrafter made by hand
 # reads the whole context unless given a window): read off the acceptance and speed against the window on long prompts,
 # measured by scripts/draft_window.py (data/bench/draft_window*.md).
 DEFAULT_WINDOW = 64
+# The acceptance rate of a draft that reads the whole prompt where it copies from it: the most saving `most_saving`
+# credits a whole-context read with (the 4-bit pair accepts 0.94-0.96 of its tokens on rag at γ = 4,
+# data/bench/int4_target_amd-epyc-avx2 and its cost-aware rerun).
+COPY_ALPHA = 0.9
 
 
 @dataclass(frozen=True)
 class WindowCosts:
-    """This machine's two prices: the draft's seconds per prompt token it reads, the target's one-token step."""
+    """This machine's prices: the draft's seconds per prompt token it reads, the target's one-token step, and the
+    draft's own one-token step (None: not measured, and then reading is not weighed against it)."""
     draft_seconds_per_token: float
     target_step_seconds: float
+    draft_step_seconds: float | None = None
 
     @classmethod
     def measure(cls, target, draft, context: int = 256, repeats: int = 2) -> "WindowCosts":
-        """Time the draft reading `context` tokens and the target's one-token step after as many (best of
-        `repeats`, after one warm-up each): about a second for the 1.5B/0.5B pair on a CPU."""
-        context = min(context, target.max_seq_len - 1, draft.max_seq_len)       # a small model's shorter context
+        """Time the draft reading `context` tokens, then its one-token step, and the target's one-token step after
+        as many (best of `repeats`, after one warm-up each): about a second for the 1.5B/0.5B pair on a CPU."""
+        context = min(context, target.max_seq_len - 1, draft.max_seq_len - 1)   # a small model's shorter context
         ids = torch.randint(0, min(target.vocab_size, draft.vocab_size), (1, context + 1))
-        read, step = [], []
+        read, draft_step, step = [], [], []
         with torch.no_grad():
             for _ in range(repeats + 1):
                 cache = draft.new_cache()
                 t0 = time.perf_counter()
                 draft(ids[:, :context].to(draft.device), cache, num_logits=1)
                 read.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                draft(ids[:, context:].to(draft.device), cache)
+                draft_step.append(time.perf_counter() - t0)
                 cache = target.new_cache()
                 target(ids[:, :context].to(target.device), cache, num_logits=1)
                 t0 = time.perf_counter()
                 target(ids[:, context:].to(target.device), cache)
                 step.append(time.perf_counter() - t0)
-        return cls(min(read[1:]) / context, min(step[1:]))
+        return cls(min(read[1:]) / context, min(step[1:]), min(draft_step[1:]))
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,7 @@ class AutoWindow:
     window: int = DEFAULT_WINDOW
     sinks: int = 4
     saving: float = SAVING
+    verify_curve: dict[int, float] | None = None   # this machine's t(tokens)/t(1) for the target (None: flat)
 
     def __post_init__(self):
         if isinstance(self.new_tokens, bool) or not isinstance(self.new_tokens, int) or self.new_tokens < 1:
@@ -78,9 +94,24 @@ class AutoWindow:
         """What reading the whole prompt costs the draft beyond reading its sinks and window."""
         return max(0, prompt_tokens - self.window - self.sinks) * self.costs.draft_seconds_per_token
 
+    def most_saving(self) -> float:
+        """Target steps per new token that drafting saves at its best length were COPY_ALPHA of the draft accepted,
+        on this machine's draft step and verify curve: 1 - 1 / Leviathan's speedup (`saving` where the draft's
+        step was not measured)."""
+        if self.costs.draft_step_seconds is None:
+            return self.saving
+        c, curve = self.costs.draft_step_seconds / self.costs.target_step_seconds, VerifyCurve(self.verify_curve)
+        best = max(expected_speedup(COPY_ALPHA, g, c, curve(g + 1)) for g in range(1, 17))
+        return max(0.0, 1 - 1 / best)
+
+    def saving_per_token(self) -> float:
+        """The target steps a whole-context draft is taken to save per new token: SAVING, or less where drafting
+        cannot save that much on this machine."""
+        return min(self.saving, self.most_saving())
+
     def budget_seconds(self) -> float:
-        """What a whole-context draft is expected to save over the answer: SAVING target steps per new token."""
-        return self.saving * self.new_tokens * self.costs.target_step_seconds
+        """What a whole-context draft is expected to save over the answer."""
+        return self.saving_per_token() * self.new_tokens * self.costs.target_step_seconds
 
     def choose(self, prompt_tokens: int) -> int | None:
         """The window for a prompt of this many tokens (None: the whole context)."""
@@ -94,5 +125,12 @@ class AutoWindow:
         return (f"the draft model reads the whole context of prompts up to {self.longest_whole_prompt()} tokens "
                 f"(reading costs it {self.costs.draft_seconds_per_token * 1e3:.2f} ms a token, a target step "
                 f"{self.costs.target_step_seconds * 1e3:.1f} ms, and a whole-context draft is taken to save "
-                f"{self.saving:g} of a step per new token, up to {self.new_tokens}), and otherwise its first "
-                f"{self.sinks} tokens and its last {self.window}")
+                f"{self.saving_per_token():.2g} of a step per new token, up to {self.new_tokens}{self._capped()}), "
+                f"and otherwise its first {self.sinks} tokens and its last {self.window}")
+
+    def _capped(self) -> str:
+        """Why the saving is below SAVING, where it is."""
+        if self.most_saving() >= self.saving:
+            return ""
+        return (f"; less than {self.saving:g} because its own step costs {self.costs.draft_step_seconds * 1e3:.1f} ms: "
+                f"drafting saves no more even with {COPY_ALPHA:g} of its tokens accepted")
