@@ -189,13 +189,13 @@ class CostAwareGamma(GammaPolicy):
     The first of `warmup` steps drafts `start` tokens (one, where the drafter costs little enough to shadow: see
     below); once it has timed the draft, the rest draft as many tokens (at most `start`) as would pay best were the
     draft at least as good as `hope` (α = 0.8), so a draft that costs too much to pay even then stops after one step
-    instead of spending the whole warm-up on long drafts. γ = 0 is a choice too (plain decoding through the same loop) when no draft length is expected to beat
-    one target step per token by `margin` (5%). On plain steps the drafter still proposes, unverified, while its
-    work stays within `shadow_share` (1%) of their time (core/shadow.py): the tokens the plain steps commit
-    accept or reject each shadow token as a verify would, so α stays current without spending a verify
-    (prompt lookup costs nothing and shadows every plain step). Where shadows are rarer than every
-    `probe_every` plain steps (a draft model's), one draft of the best length is verified instead (the gap
-    doubling after each probe that still says 0), so drafting resumes where it pays.
+    instead of spending the whole warm-up on long drafts. γ = 0 is a choice too (plain decoding through the same
+    loop) when no draft length is expected to beat one target step per token by `margin` (5%). On plain steps the
+    drafter still proposes, unverified, while its work stays within `shadow_share` (1%) of their time
+    (core/shadow.py): the tokens the plain steps commit accept or reject each shadow token as a verify would, so α
+    stays current without spending a verify (prompt lookup costs nothing and shadows every plain step). Where
+    shadows are rarer than every `probe_every` plain steps (a draft model's), one draft of the best length is
+    verified instead (the gap doubling after each probe that still says 0), so drafting resumes where it pays.
     """
     name = "cost-aware"
 

@@ -17,7 +17,7 @@ when the extra reading costs at most `SAVING` target steps per token it may gene
 
 and the window otherwise. SAVING is below the measured saving, since answers often end before
 max_new_tokens (the bound the rule uses) and a short answer earns back less. Nor can reading save more
-than drafting saves at all: where the draft's own step is dear (a 4-bit draft costs 0.45 of a 4-bit
+than drafting saves at all: where the draft's own step is dear (a 4-bit draft costs about 0.4 of a 4-bit
 target's step on an AVX2 EPYC, whose verify cost also grows fast with its width), even a draft that
 copies from the prompt (COPY_ALPHA of its tokens accepted) saves less than 0.3 of a step per token, and
 the rule uses that smaller saving (`most_saving`), from the draft's step time and the verify curve.
