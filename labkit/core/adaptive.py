@@ -279,22 +279,24 @@ class CostAwareGamma(GammaPolicy):
         """Expected committed tokens per second drafting g tokens a step (g = 0: plain decoding), at the run's
         acceptance rate or at `alpha`."""
         if alpha is None:
-            alpha = self.accepted / max(1e-9, self.accepted + self.rejected)
+            alpha = self.alpha()
         t_draft = self.draft_time / max(1e-9, self.draft_tokens)
         return expected_tokens(alpha, g) / (g * t_draft + max(1e-9, self.verify_time(g + 1)))
 
-    def _best(self) -> int:
-        """The γ with the most expected tokens per second; a draft only where it beats plain decoding by margin."""
-        best = max(range(0, self.max_gamma + 1), key=self.tokens_per_second)
-        return 0 if self.tokens_per_second(best) < (1 + self.margin) * self.tokens_per_second(0) else best
+    def alpha(self) -> float:
+        """The run's acceptance rate: accepted / (accepted + rejections), both decayed."""
+        return self.accepted / max(1e-9, self.accepted + self.rejected)
+
+    def _best(self, most: int | None = None, alpha: float | None = None) -> int:
+        """The γ up to `most` (max_gamma) with the most expected tokens per second, at the run's α or `alpha`; a
+        draft only where it beats plain decoding by margin."""
+        rate = lambda g: self.tokens_per_second(g, alpha)
+        best = max(range(0, (self.max_gamma if most is None else most) + 1), key=rate)
+        return 0 if rate(best) < (1 + self.margin) * rate(0) else best
 
     def _hopeful(self) -> int:
-        """A warm-up step's γ: the best up to `start` were α at least `hope`, the margin asked as of any draft (0:
-        none)."""
-        alpha = max(self.hope, self.accepted / max(1e-9, self.accepted + self.rejected))
-        rate = lambda g: self.tokens_per_second(g, alpha)
-        best = max(range(0, self.k + 1), key=rate)
-        return 0 if rate(best) < (1 + self.margin) * rate(0) else best
+        """A warm-up step's γ: the best up to `start` were α at least `hope` (0: none)."""
+        return self._best(self.k, max(self.hope, self.alpha()))
 
     def gamma(self) -> int:
         if 0 < self.n_steps < self.warmup:
