@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -213,13 +214,14 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 def make_drafter(kind: str, draft_model=None, eos_token_ids=(), window: int | str | None = None, target_model=None,
                  max_new_tokens: int = 64):
     """The drafter of --drafter (eos_token_ids: the draft stops drafting at them; () where the compiled loop runs,
-    whose draft drafts every token; window "auto": measured against target_model, for answers of max_new_tokens)."""
+    whose draft drafts every token; window "auto": weighed against target_model's step, measured when a prompt first
+    outgrows the window, for answers of max_new_tokens)."""
     from .drafters import DraftModelDrafter, PromptLookupDrafter
     from .drafters.window import AutoWindow, WindowCosts
     if kind == "lookup":
         return PromptLookupDrafter()
     if window == "auto":
-        window = AutoWindow(WindowCosts.measure(target_model, draft_model), max_new_tokens, DEFAULT_WINDOW)
+        window = AutoWindow(partial(WindowCosts.measure, target_model, draft_model), max_new_tokens, DEFAULT_WINDOW)
     return DraftModelDrafter(draft_model, eos_token_ids=eos_token_ids, window=window)
 
 

@@ -283,6 +283,31 @@ def test_the_auto_window_credits_a_whole_context_read_with_no_more_than_drafting
     assert cheap.saving_per_token() == SAVING and "less than" not in cheap.describe()
 
 
+
+def test_the_auto_window_measures_this_machine_only_when_a_prompt_outgrows_the_window(tiny_target, tiny_draft):
+    """Given how to measure (as the CLI gives it), AutoWindow times nothing for prompts its window and sinks
+    hold whole (they are read whole either way), measures once at the first longer prompt, and keeps that."""
+    from functools import partial
+
+    from labkit.drafters.window import AutoWindow, WindowCosts
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return WindowCosts.measure(tiny_target, tiny_draft, context=32, repeats=1)
+
+    auto = AutoWindow(measure, new_tokens=40, window=16)
+    assert auto.choose(20) is None and auto.choose(16 + 4) is None and calls == []
+    chosen = auto.choose(21)
+    assert calls == [1] and isinstance(auto.costs, WindowCosts) and auto.costs.target_step_seconds > 0
+    assert auto.choose(21) == chosen and auto.choose(1_000_000) == 16 and calls == [1], "measured once, then kept"
+
+    prompt = torch.arange(3, 3 + 12) % 90                                    # (12,): fits the window
+    lazy = AutoWindow(partial(WindowCosts.measure, tiny_target, tiny_draft), new_tokens=24, window=16)
+    out = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft, window=lazy), prompt, 24, gamma=3)
+    assert callable(lazy.costs), "a short prompt's decode measured nothing"
+    assert out.tokens == autoregressive_generate(tiny_target, prompt, 24).tokens
+
 class Silent(PromptLookupDrafter):
     """Proposes nothing, ever: every step is a plain one."""
     def propose(self, tokens, k, sampling, generator=None):

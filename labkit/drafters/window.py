@@ -25,6 +25,7 @@ the rule uses that smaller saving (`most_saving`), from the draft's step time an
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -76,8 +77,11 @@ class WindowCosts:
 
 @dataclass(frozen=True)
 class AutoWindow:
-    """Per prompt: None (the draft reads the whole context) where reading it pays, `window` tokens otherwise."""
-    costs: WindowCosts
+    """Per prompt: None (the draft reads the whole context) where reading it pays, `window` tokens otherwise.
+
+    costs: this machine's prices, or a function that measures them (`WindowCosts.measure`), called once when
+    a prompt first outgrows the window and sinks: a prompt they hold whole is read whole, with nothing to weigh."""
+    costs: WindowCosts | Callable[[], WindowCosts]
     new_tokens: int                  # the most tokens the answer may have (max_new_tokens)
     window: int = DEFAULT_WINDOW
     sinks: int = 4
@@ -90,17 +94,24 @@ class AutoWindow:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
 
+    @property
+    def prices(self) -> WindowCosts:
+        """The costs, measured now where they were given as a function (once: the result replaces it)."""
+        if callable(self.costs):
+            object.__setattr__(self, "costs", self.costs())
+        return self.costs
+
     def extra_read_seconds(self, prompt_tokens: int) -> float:
         """What reading the whole prompt costs the draft beyond reading its sinks and window."""
-        return max(0, prompt_tokens - self.window - self.sinks) * self.costs.draft_seconds_per_token
+        return max(0, prompt_tokens - self.window - self.sinks) * self.prices.draft_seconds_per_token
 
     def most_saving(self) -> float:
         """Target steps per new token that drafting saves at its best length were COPY_ALPHA of the draft accepted,
         on this machine's draft step and verify curve: 1 - 1 / Leviathan's speedup (`saving` where the draft's
         step was not measured)."""
-        if self.costs.draft_step_seconds is None:
+        if self.prices.draft_step_seconds is None:
             return self.saving
-        c, curve = self.costs.draft_step_seconds / self.costs.target_step_seconds, VerifyCurve(self.verify_curve)
+        c, curve = self.prices.draft_step_seconds / self.prices.target_step_seconds, VerifyCurve(self.verify_curve)
         best = max(expected_speedup(COPY_ALPHA, g, c, curve(g + 1)) for g in range(1, 17))
         return max(0.0, 1 - 1 / best)
 
@@ -111,20 +122,22 @@ class AutoWindow:
 
     def budget_seconds(self) -> float:
         """What a whole-context draft is expected to save over the answer."""
-        return self.saving_per_token() * self.new_tokens * self.costs.target_step_seconds
+        return self.saving_per_token() * self.new_tokens * self.prices.target_step_seconds
 
     def choose(self, prompt_tokens: int) -> int | None:
         """The window for a prompt of this many tokens (None: the whole context)."""
+        if prompt_tokens <= self.window + self.sinks:
+            return None                                   # the window holds it all: the same read either way
         return None if self.extra_read_seconds(prompt_tokens) <= self.budget_seconds() else self.window
 
     def longest_whole_prompt(self) -> int:
         """The longest prompt whose whole context the draft reads on this machine."""
-        return int(self.budget_seconds() / max(1e-12, self.costs.draft_seconds_per_token)) + self.window + self.sinks
+        return int(self.budget_seconds() / max(1e-12, self.prices.draft_seconds_per_token)) + self.window + self.sinks
 
     def describe(self) -> str:
         return (f"the draft model reads the whole context of prompts up to {self.longest_whole_prompt()} tokens "
-                f"(reading costs it {self.costs.draft_seconds_per_token * 1e3:.2f} ms a token, a target step "
-                f"{self.costs.target_step_seconds * 1e3:.1f} ms, and a whole-context draft is taken to save "
+                f"(reading costs it {self.prices.draft_seconds_per_token * 1e3:.2f} ms a token, a target step "
+                f"{self.prices.target_step_seconds * 1e3:.1f} ms, and a whole-context draft is taken to save "
                 f"{self.saving_per_token():.2g} of a step per new token, up to {self.new_tokens}{self._capped()}), "
                 f"and otherwise its first {self.sinks} tokens and its last {self.window}")
 
@@ -132,5 +145,6 @@ class AutoWindow:
         """Why the saving is below SAVING, where it is."""
         if self.most_saving() >= self.saving:
             return ""
-        return (f"; less than {self.saving:g} because its own step costs {self.costs.draft_step_seconds * 1e3:.1f} ms: "
+        step_ms = self.prices.draft_step_seconds * 1e3
+        return (f"; less than {self.saving:g} because its own step costs {step_ms:.1f} ms: "
                 f"drafting saves no more even with {COPY_ALPHA:g} of its tokens accepted")

@@ -107,18 +107,20 @@ def load_native(path: Path, dtype: torch.dtype, max_seq_len: int) -> Transformer
     if not files:
         raise ModelFetchError(f"no *.safetensors weights in {path}: re-run the conversion (delete the directory) "
                               "or point at a directory saved with save_pretrained")
-    state = {}
+    mapped = {}
     for f in files:
-        try:   # own copies in `dtype`: tensors left on the file's memory map would keep all of it mapped
-            state.update({k: v.to(dtype, copy=True) for k, v in load_file(f).items()})
+        try:
+            mapped.update(load_file(f))   # on the file's memory map
         except Exception as e:  # safetensors raises its own error types for truncated or garbled files
             raise ModelFetchError(f"{f} is corrupted ({e}): {repair_advice(path)}") from e
     if not is_preset_dir(path):   # a preset's files are hash-checked; a user's: a changed exponent byte reads as
-        for k, v in state.items():  # inf or NaN, which makes every output token 0 (one sum per tensor tells)
+        for k, v in mapped.items():  # inf or NaN, which makes every output token 0 (one sum per tensor tells)
             if v.is_floating_point() and not v.sum(dtype=torch.float32).isfinite():
                 raise ModelFetchError(f"the weights in {path} hold NaN or infinite values ({k}): the file is "
                                       f"damaged; {repair_advice(path)}")
-    state = fuse_hf_weights(state)
+    # own copies in `dtype`, each written once: tensors left on the map would keep all of it mapped
+    state = fuse_hf_weights(mapped, dtype)
+    del mapped
     with torch.device("meta"):
         model = Transformer(args)
     if args.tie_embeddings:

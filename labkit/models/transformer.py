@@ -103,18 +103,28 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
-def fuse_hf_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' names (model.layers.i.self_attn.q_proj.weight, ...) -> ours, q/k/v and gate/up concatenated."""
-    state = {k.removeprefix("model."): v for k, v in state.items()}
+def fuse_hf_weights(state: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """transformers' names (model.layers.i.self_attn.q_proj.weight, ...) -> ours, q/k/v and gate/up concatenated.
+
+    dtype: write every tensor once, as a fresh copy in this precision (the fused ones straight from their
+    parts, which may still lie on a file's memory map); None keeps the parts' precision."""
+    state, fused = {k.removeprefix("model."): v for k, v in state.items()}, set()
+
+    def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.empty(sum(p.shape[0] for p in parts), *parts[0].shape[1:], dtype=dtype or parts[0].dtype)
+        return torch.cat(parts, 0, out=out)                                  # converted while copied, once
+
     for key in [k for k in state if ".self_attn.q_proj." in k]:
         prefix, kind = key.split(".self_attn.q_proj.")
         parts = [state.pop(f"{prefix}.self_attn.{n}_proj.{kind}") for n in "qkv"]
-        state[f"{prefix}.self_attn.qkv_proj.{kind}"] = torch.cat(parts, 0)
+        state[f"{prefix}.self_attn.qkv_proj.{kind}"] = cat(parts)
+        fused.add(f"{prefix}.self_attn.qkv_proj.{kind}")
     for key in [k for k in state if ".mlp.gate_proj." in k]:
         prefix = key.split(".mlp.gate_proj.")[0]
         gate, up = state.pop(key), state.pop(f"{prefix}.mlp.up_proj.weight")
-        state[f"{prefix}.mlp.gate_up_proj.weight"] = torch.cat([gate, up], 0)
-    return state
+        state[f"{prefix}.mlp.gate_up_proj.weight"] = cat([gate, up])
+        fused.add(f"{prefix}.mlp.gate_up_proj.weight")
+    return state if dtype is None else {k: v if k in fused else v.to(dtype, copy=True) for k, v in state.items()}
 
 
 class Block(nn.Module):

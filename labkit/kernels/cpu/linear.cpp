@@ -175,8 +175,11 @@ at::Tensor pack_linear(at::Tensor w) {
   TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16,
               "pack_linear: weight must be float32 or bfloat16, got ", w.scalar_type());
   const int64_t N = w.size(0), K = w.size(1), n_blocks = (N + lk::NBW - 1) / lk::NBW;
-  auto padded = at::zeros({n_blocks * lk::NBW, K}, w.options());
-  padded.narrow(0, 0, N).copy_(w);
+  at::Tensor padded = w.contiguous();
+  if (N % lk::NBW != 0) {  // zero rows up to a whole block (no copy where N fills its blocks, as it mostly does)
+    padded = at::zeros({n_blocks * lk::NBW, K}, w.options());
+    padded.narrow(0, 0, N).copy_(w);
+  }
   at::Tensor blocks = w.scalar_type() == at::kBFloat16 && lk::HAVE_BF16_DOT && K % 2 == 0
       ? padded.view({n_blocks, lk::NBW, K / 2, 2}).permute({0, 2, 1, 3})   // [Nb][K/2][NBW][2]
       : padded.view({n_blocks, lk::NBW, K}).transpose(1, 2);               // [Nb][K][NBW]
