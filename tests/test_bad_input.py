@@ -271,6 +271,33 @@ def test_model_loading_is_checked_before_any_weight_loads(files, monkeypatch):
     checks.check_models(str(files / "target"), "fp32", draft=str(files / "target"))   # a well-formed pair passes
 
 
+def test_identical_tokenizer_files_need_no_tokenizer_loaded_and_others_are_compared_token_by_token(files, tmp_path,
+                                                                                                   monkeypatch):
+    """check_models compares two folders' tokenizers by their files where those are byte-identical (loading a
+    real one takes a second or two), by their vocabularies where not; the configs' vocab sizes always."""
+    import shutil
+
+    import transformers
+
+    import labkit.models.checks as checks
+    twin, other = tmp_path / "twin", tmp_path / "renamed-token"
+    shutil.copytree(files / "target", twin)
+    shutil.copytree(files / "target", other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["renamed"] = vocab.pop(next(k for k in vocab if k not in ("<s>", "</s>")))
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    loaded, load = [], transformers.AutoTokenizer.from_pretrained
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda p, *a, **k: loaded.append(p) or load(p))
+    checks.check_models(str(files / "target"), "fp32", draft=str(twin))
+    assert loaded == [], "identical files: nothing loaded"
+    with pytest.raises(ValueError, match="uses a different tokenizer"):
+        checks.check_models(str(files / "target"), "fp32", draft=str(other))
+    assert len(loaded) == 2, "files that differ: both tokenizers loaded and compared"
+    with pytest.raises(ValueError, match=r"uses a different tokenizer .*vocab 100 vs"):
+        checks.check_models(str(files / "target"), "fp32", draft=str(files / "other-vocab"))
+
+
 def test_typed_added_tokens_that_are_not_special_stay_text():
     """<tool_call> is an added token that is not marked special (as in Qwen2.5's tokenizer): typed in a prompt,
     it stays the characters it is made of, like <|im_start|>."""

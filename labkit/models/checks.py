@@ -107,8 +107,11 @@ def check_models(target: str, dtype: str = "bf16", backend: str = "auto", device
                          "target's family (same tokenizer), or use --drafter lookup, which needs no model")
     if target_dir and draft_dir:
         from transformers import AutoTokenizer
-        check_same_vocab(draft, _config(draft_dir).get("vocab_size"), AutoTokenizer.from_pretrained(draft_dir),
-                         target, _config(target_dir).get("vocab_size"), AutoTokenizer.from_pretrained(target_dir))
+        same_files = same_tokenizer_files(draft_dir, target_dir)      # then the same vocabulary: nothing to load
+        check_same_vocab(draft, _config(draft_dir).get("vocab_size"),
+                         None if same_files else AutoTokenizer.from_pretrained(draft_dir),
+                         target, _config(target_dir).get("vocab_size"),
+                         None if same_files else AutoTokenizer.from_pretrained(target_dir))
 
 
 def check_model_name(name: str) -> None:
@@ -141,9 +144,23 @@ def check_draft_precision(asked: str) -> str:
     return asked
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def same_tokenizer_files(a: Path, b: Path) -> bool:
+    """Whether two model folders hold byte-identical tokenizer files (so the same vocabulary, without loading
+    either tokenizer: a second or two each); False where either lacks them, and the tokenizers are compared."""
+    try:
+        return all((a / f).read_bytes() == (b / f).read_bytes() for f in TOKENIZER_FILES)
+    except OSError:
+        return False
+
+
 def check_same_vocab(draft: str, draft_vocab: int | None, draft_tokenizer, target: str, target_vocab: int | None,
                      target_tokenizer) -> None:
-    if draft_vocab != target_vocab or draft_tokenizer.get_vocab() != target_tokenizer.get_vocab():
+    """The same vocabulary: the configs' sizes and the tokenizers' ids (None for both tokenizers: known equal)."""
+    differ = draft_tokenizer is not None and draft_tokenizer.get_vocab() != target_tokenizer.get_vocab()
+    if draft_vocab != target_vocab or differ:
         raise ValueError(f"the draft {draft!r} uses a different tokenizer than the target {target!r} "
                          f"(vocab {draft_vocab} vs {target_vocab}): pick a draft model from the "
                          "target's family (same tokenizer), or use --drafter lookup, which needs no model")
