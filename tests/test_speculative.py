@@ -170,6 +170,28 @@ def test_cost_aware_gamma_warms_up_only_with_drafts_that_could_pay():
         CostAwareGamma(hope=1.0)
 
 
+def test_cost_aware_gamma_sizes_its_first_draft_from_costs_measured_before_the_run():
+    """Given the draft's and the target's one-token steps (as the bench measures them once), the first draft is
+    sized for α = 0.8 as the warm-up's later ones are: the 4-bit pair's prices on the AVX2 EPYC's steep curve
+    give 2 tokens, not `start`; a cheap draft on a flat curve keeps `start`; a draft that could not pay even
+    then takes a plain step at once. Without them the first step drafts `start`."""
+    steep, flat = {1: 1.0, 2: 1.17, 4: 1.34, 8: 2.47, 16: 4.89}, {1: 1.0, 2: 1.01, 8: 1.07}
+
+    def first(costs, curve) -> int:
+        return CostAwareGamma(start=4, verify_curve=curve, known_costs=costs).gamma()
+    assert first((0.0186, 0.0456), steep) == 2
+    assert first((0.002, 0.0456), flat) == 4
+    assert first((0.04, 0.0456), steep) == 0
+    assert CostAwareGamma(start=4, verify_curve=steep).gamma() == 4
+    policy = CostAwareGamma(start=4, verify_curve=steep, known_costs=(0.0186, 0.0456))
+    g = policy.gamma()
+    policy.update(synthetic_step(g, g, draft_per_token=0.0186, verify=0.0456 * 1.255))
+    assert policy.gamma() == 3, "a first draft accepted whole: the next one is sized at the α it measured (1)"
+    for bad in ((0.02,), (0.0, 0.04), (0.02, -1), "fast", (True, 0.04)):
+        with pytest.raises(ValueError, match="known_costs"):
+            CostAwareGamma(known_costs=bad)
+
+
 def test_cost_aware_gamma_drafts_long_when_verify_is_flat_and_drafts_are_good():
     policy = CostAwareGamma(start=2, warmup=3)
     for _ in range(10):

@@ -67,9 +67,13 @@ class Models:
             return self.draft_window
         if self.compiled:
             return None
+        return AutoWindow(self.costs(), new_tokens, DEFAULT_WINDOW, verify_curve=_verify_curve(self))
+
+    def costs(self) -> WindowCosts:
+        """The draft's reading and one-token step and the target's step on this machine, measured once."""
         if self.window_costs is None:
             self.window_costs = WindowCosts.measure(self.target.model, self.draft.model)
-        return AutoWindow(self.window_costs, new_tokens, DEFAULT_WINDOW, verify_curve=_verify_curve(self))
+        return self.window_costs
 
     @property
     def compiled(self) -> bool:
@@ -111,6 +115,8 @@ def _speculative(drafter: Callable[[Models, int], object], policy: Callable[[int
             kw = {"max_gamma": MAX_GAMMA} if capped else {}
             if policy is CostAwareGamma:                 # priced on this machine's verify curve, as the budgets are
                 kw["verify_curve"] = _verify_curve(m)
+                if drafter in (_draft_model, _draft_model_whole) and not m.compiled:   # and its draft's step
+                    kw["known_costs"] = (m.costs().draft_step_seconds, m.costs().target_step_seconds)
             chosen = policy(gamma, **kw)
             return from_generation(decode(m.target.model, drafter(m, n), ids, n, chosen, eos_token_ids=eos,
                                           loop=m.loop)[0])

@@ -37,6 +37,16 @@ def check_margin(margin: float) -> float:
     return float(margin)
 
 
+def check_known_costs(costs) -> tuple[float, float]:
+    """(draft step seconds, target step seconds), both positive numbers."""
+    ok = isinstance(costs, (tuple, list)) and len(costs) == 2 and all(
+        not isinstance(c, bool) and isinstance(c, (int, float)) and c > 0 for c in costs)
+    if not ok:
+        raise ValueError("known_costs is (seconds of the draft's one-token step, seconds of the target's), both > 0 "
+                         f"(e.g. (0.019, 0.046)), got {costs!r}")
+    return float(costs[0]), float(costs[1])
+
+
 def check_share(share: float) -> float:
     """The share of the plain steps' time a policy may spend on shadow proposals, in [0, 1)."""
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
@@ -189,8 +199,10 @@ class CostAwareGamma(GammaPolicy):
     The first of `warmup` steps drafts `start` tokens (one, where the drafter costs little enough to shadow: see
     below); once it has timed the draft, the rest draft as many tokens (at most `start`) as would pay best were the
     draft at least as good as `hope` (α = 0.8), so a draft that costs too much to pay even then stops after one step
-    instead of spending the whole warm-up on long drafts. γ = 0 is a choice too (plain decoding through the same
-    loop) when no draft length is expected to beat one target step per token by `margin` (5%). On plain steps the
+    instead of spending the whole warm-up on long drafts. Where the draft's and the target's one-token steps were
+    measured before the run (`known_costs`), the first draft is sized that way too, and a draft that could not
+    pay even at `hope` is never tried until a probe. γ = 0 is a choice too (plain decoding through the same loop)
+    when no draft length is expected to beat one target step per token by `margin` (5%). On plain steps the
     drafter still proposes, unverified, while its work stays within `shadow_share` (1%) of their time
     (core/shadow.py): the tokens the plain steps commit accept or reject each shadow token as a verify would, so α
     stays current without spending a verify (prompt lookup costs nothing and shadows every plain step). Where
@@ -201,12 +213,16 @@ class CostAwareGamma(GammaPolicy):
 
     def __init__(self, start: int = 5, max_gamma: int = 16, decay: float = 0.9, warmup: int = 3,
                  probe_every: int = 8, margin: float = MARGIN, shadow_share: float = SHADOW_SHARE,
-                 verify_curve: dict[int, float] | None = None, hope: float = HOPE):
+                 verify_curve: dict[int, float] | None = None, hope: float = HOPE,
+                 known_costs: tuple[float, float] | None = None):
         """margin: how much faster than plain decoding a draft must be expected to be before a step drafts;
         shadow_share: the share of the plain steps' time unverified proposals on them may cost (0: none);
         verify_curve: this machine's {tokens: t(tokens)/t(1)} (None: fit a line to the run's steps);
-        hope: the acceptance rate the warm-up's drafts are sized for."""
+        hope: the acceptance rate the warm-up's drafts are sized for;
+        known_costs: (seconds of the draft's one-token step, of the target's), measured before the run (the
+        bench's drafters.window.WindowCosts): the run's own timings start from them, one step's worth."""
         self.k, self.max_gamma, self.decay, self.warmup = check_gamma(start), check_gamma(max_gamma), decay, warmup
+        self.start = self.k
         self.margin = check_margin(margin)
         if isinstance(hope, bool) or not isinstance(hope, (int, float)) or not 0 < hope < 1:
             raise ValueError(f"hope is an acceptance rate in (0, 1) (0.8: 80% of drafted tokens), got {hope!r}")
@@ -219,6 +235,10 @@ class CostAwareGamma(GammaPolicy):
         self.idle = 0          # plain (γ = 0) steps since the last draft or shadow
         self.shadow_share, self.credit = check_share(shadow_share), 0.0
         self.shadows = False   # whether the loop proposes shadows on plain steps (expect_shadows)
+        if known_costs is not None:
+            draft_step, target_step = check_known_costs(known_costs)
+            self.draft_time, self.draft_tokens = draft_step, 1.0
+            self.verify_time.add(1, target_step)
 
     def update(self, step: Step) -> None:
         d = self.decay
@@ -296,10 +316,10 @@ class CostAwareGamma(GammaPolicy):
 
     def _hopeful(self) -> int:
         """A warm-up step's γ: the best up to `start` were α at least `hope` (0: none)."""
-        return self._best(self.k, max(self.hope, self.alpha()))
+        return self._best(self.start, max(self.hope, self.alpha()))
 
     def gamma(self) -> int:
-        if 0 < self.n_steps < self.warmup:
+        if self.n_steps < self.warmup and self.draft_tokens:     # the draft's cost known: timed, or given
             self.k = self._hopeful()
             if self.k:
                 return self.k
