@@ -116,7 +116,8 @@ def _speculative(drafter: Callable[[Models, int], object], policy: Callable[[int
             if policy is CostAwareGamma:                 # priced on this machine's verify curve, as the budgets are
                 kw["verify_curve"] = _verify_curve(m)
                 if drafter in (_draft_model, _draft_model_whole) and not m.compiled:   # and its draft's step
-                    kw["known_costs"] = (m.costs().draft_step_seconds, m.costs().target_step_seconds)
+                    costs = m.costs()
+                    kw["known_costs"] = (costs.draft_step_seconds, costs.target_step_seconds)
             chosen = policy(gamma, **kw)
             return from_generation(decode(m.target.model, drafter(m, n), ids, n, chosen, eos_token_ids=eos,
                                           loop=m.loop)[0])
