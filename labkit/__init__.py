@@ -12,6 +12,7 @@ from .core.adaptive import (
     expected_speedup,
     expected_tokens,
 )
+from .core.gate import DraftGate, drafting_paid
 from .core.sampling import GREEDY, SamplingConfig
 from .core.trace import Step, Trace
 from .decoding import (
@@ -40,6 +41,7 @@ def load_model(*args, **kwargs):
 
 
 __all__ = ["Acceptance", "greedy_accept", "speculative_accept", "CostAwareGamma", "FixedGamma", "HeuristicGamma",
+           "DraftGate", "drafting_paid",
            "expected_speedup", "expected_tokens", "autoregressive_generate", "DraftModelDrafter", "Drafter",
            "PromptLookupDrafter", "SuffixDrafter", "Proposal", "KVCache", "ModelArgs", "Transformer", "GREEDY",
            "SamplingConfig", "Generation", "SpeculativeDecoder", "speculative_generate", "TreeDecoder", "tree_generate", "Step", "Trace", "load_model"]

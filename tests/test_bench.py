@@ -400,3 +400,38 @@ def test_repeats_run_in_rounds_and_the_fastest_run_counts(pair, tmp_path):
     assert spread["pairs"] == 2 and 1 <= spread["median"] <= spread["max"] and f"{spread['max'] - 1:.0%} at the most" in md
     with pytest.raises(ValueError, match="--repeats must be >= 1"):
         tiny_config(pair, tmp_path, methods=["ar"], repeats=0)
+
+
+def test_the_gated_method_drafts_a_request_only_where_its_categorys_last_drafted_one_paid(pair, tmp_path):
+    """One DraftGate per category and round: each request's choice follows from the verdicts before it, plain
+    requests decode plain, and every output equals plain decoding's."""
+    from labkit.bench import write_report
+    from labkit.core.gate import DraftGate, Verdict
+    questions = write_lines(tmp_path / "q.jsonl", *[{"question_id": f"q{i}", "category": "code",
+                                                     "turns": [f"def f{i}(x):\n    return x + {i}\n\ndef g("]}
+                                                    for i in range(5)])
+    config = tiny_config(pair, tmp_path, methods=["ar", "draft-cost-aware-gated"], repeats=2)
+    config.questions = str(questions)
+    run_bench(config, progress=False)
+    runs = [r for r in read_results(tmp_path / "results.jsonl") if "method" in r]
+    plain = {r["question_id"]: r["tokens"] for r in runs if r["method"] == "ar"}
+    for repeat in (0, 1):
+        gated = [r for r in runs if r["method"] == "draft-cost-aware-gated" and r["repeat"] == repeat]
+        gate = DraftGate()
+        assert len(gated) == 5 and gated[0]["gate"]["drafted"]              # each round starts afresh: it drafts
+        for r in gated:
+            assert r["tokens"] == plain[r["question_id"]]
+            assert r["gate"]["drafted"] == gate.drafts()
+            if r["gate"]["drafted"]:
+                g = r["gate"]
+                assert g["paid"] == (g["seconds"] < g["plain_seconds"])
+                gate.record(Verdict(g["seconds"], g["plain_seconds"]))
+            else:
+                assert all(s[0] == 0 for s in r["steps"]) and r["draft_time"] == 0
+                gate.record(None)
+    _, counted = load_run(tmp_path / "results.jsonl")
+    n = sum(r["gate"]["drafted"] for r in counted if r["method"] == "draft-cost-aware-gated")
+    paid = sum(bool(r["gate"].get("paid")) for r in counted if r["method"] == "draft-cost-aware-gated")
+    write_report(tmp_path / "results.jsonl", config.run_key)
+    assert (f"labkit draft, cost-aware γ, gated per category drafted {n} questions ({paid} of them paid) and ran "
+            f"{5 - n} plain") in (tmp_path / "bench.md").read_text()

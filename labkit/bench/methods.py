@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from ..core.adaptive import CostAwareGamma, GammaPolicy, HeuristicGamma
+from ..core.gate import DraftGate, drafting_paid, one_token_step
 from ..core.shipped import shipped
 from ..core.tree_budget import CostAwareBudget
 from ..decoding.compiled import MAX_GAMMA
@@ -40,6 +41,7 @@ class MethodResult:
     seconds: float | None = None         # the method's own clock (llama.cpp: no process start); None: wall time
     prefill_seconds: float | None = None  # reading the prompt, before the first decode step (None: not measured)
     generation: Generation | None = None  # labkit's methods: the whole run, trace included (what the CLI draws)
+    gate: dict | None = None             # a gated method's request: whether it drafted, and how that paid
 
 
 @dataclass
@@ -90,6 +92,7 @@ class Method:
     reference: str = BASELINE            # the plain decoder of its own stack (exact methods must equal it)
     exact: bool = True                   # greedy output equals plain greedy decoding (in exact arithmetic)
     tree: bool = False                   # proposes trees (its ideal speedup is the tree analogue, report.py)
+    per_workload: bool = False           # its run also takes `workload=`: what earlier requests of it taught
 
 
 def from_generation(out: Generation) -> MethodResult:
@@ -121,6 +124,34 @@ def _speculative(drafter: Callable[[Models, int], object], policy: Callable[[int
             chosen = policy(gamma, **kw)
             return from_generation(decode(m.target.model, drafter(m, n), ids, n, chosen, eos_token_ids=eos,
                                           loop=m.loop)[0])
+        return run
+    return build
+
+
+def _gated(drafter: Callable[[Models, int], object]):
+    """The drafter with the cost-aware γ, behind one DraftGate per workload (core/gate.py): a request drafts only
+    where drafting paid on the workload's last drafted request, the draft's reading of the prompt counted; the
+    others decode plain. The runner names the workload: the question's category, within one round."""
+    def build(m: Models, n: int, gamma: int, lookup_tokens: int):
+        speculative, plain = _speculative(drafter, CostAwareGamma)(m, n, gamma, lookup_tokens), \
+            _autoregressive(m, n, gamma, lookup_tokens)
+        gates: dict = {}
+
+        def run(ids, workload=None):
+            gate = gates.setdefault(workload, DraftGate())
+            if not gate.drafts():
+                result = plain(ids)
+                gate.record(None)
+                result.gate = {"drafted": False}
+                return result
+            result = speculative(ids)
+            trace = result.generation.trace
+            step = one_token_step(trace, _verify_curve(m)) or m.costs().target_step_seconds
+            verdict = drafting_paid(trace, step)
+            gate.record(verdict)
+            result.gate = {"drafted": True, "paid": verdict.paid, "seconds": round(verdict.seconds, 6),
+                           "plain_seconds": round(verdict.plain_seconds, 6)}
+            return result
         return run
     return build
 
@@ -336,6 +367,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("draft", "labkit draft model, γ={gamma}", _D, _speculative(_draft_model, lambda g: g)),
     Method("draft-heuristic", "labkit draft, heuristic γ", _D, _speculative(_draft_model, HeuristicGamma)),
     Method("draft-cost-aware", "labkit draft, cost-aware γ", _D, _speculative(_draft_model, CostAwareGamma)),
+    Method("draft-cost-aware-gated", "labkit draft, cost-aware γ, gated per category", _D, _gated(_draft_model),
+           per_workload=True),
     Method("draft-cost-aware-whole", "labkit draft reading the whole context, cost-aware γ", _D,
            _speculative(_draft_model_whole, CostAwareGamma)),
     Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _speculative(_lookup, lambda g: g)),

@@ -236,6 +236,23 @@ def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mi
                decode_speedup=decode / base_decode if decode and base_decode else None)
 
 
+def gates(records: list[dict], labels: dict[str, str] | None = None) -> dict[str, dict[str, int]]:
+    """Per gated method (its label): how many of the counted runs drafted, how many of those paid, how many ran
+    plain ({} where no method is gated)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        if r.get("gate"):
+            n = out.setdefault((labels or {}).get(r["method"], r["method"]), {"drafted": 0, "paid": 0, "plain": 0})
+            n["drafted" if r["gate"]["drafted"] else "plain"] += 1
+            n["paid"] += bool(r["gate"].get("paid"))
+    return out
+
+
+def gate_counts(per_method: dict[str, dict[str, int]]) -> str:
+    return "; ".join(f"{label} drafted {n['drafted']} questions ({n['paid']} of them paid) and ran {n['plain']} plain"
+                     for label, n in per_method.items())
+
+
 def _spread_sentence(meta: dict) -> str:
     spread = meta.get("repeat_spread")
     if not spread:
@@ -311,6 +328,11 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
         lines += ["", "The oracle row takes, per question, the fastest of labkit's methods (autoregressive included): "
                   "what a perfect method chooser would reach. Its choices: "
                   + ", ".join(f"{m} {n}" for m, n in picks.items()) + "."]
+    gated = gate_counts(meta.get("gates", {}))
+    if gated:
+        lines += ["", "A gated method drafts a question only where drafting paid on the last drafted question of its "
+                  "category in the same round, the draft's reading of the prompt counted, and decodes the others plain "
+                  "(`labkit/core/gate.py`). Of the runs counted here: " + gated + "."]
     lines += ["", "## Outputs that part from their reference", ""]
     if not mismatches:
         lines.append("None: every method's output equals its reference token for token on every question.")
@@ -334,6 +356,8 @@ def write_report(results: str | Path, run_key: str | None = None, note: str = ""
     meta, records = load_run(results, run_key)
     rows, mismatches = aggregate(records, meta.get("labels"))
     meta = {**meta, "oracle_picks": oracle_picks(records), **repeat_spread(records)}
+    if gates(records):
+        meta["gates"] = gates(records, meta.get("labels"))
     out = results.parent
     paths = [out / "bench.md", out / "bench.csv", out / "bench.json"]
     if not rows:

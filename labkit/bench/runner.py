@@ -261,10 +261,10 @@ def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[tuple[str,
         for name, repeat in pending:
             bar.set_postfix_str(f"{q.question_id} {name}" + (f" ({repeat + 1}/{config.repeats})" if config.repeats > 1
                                                               else ""))
-            t0 = time.perf_counter()
-            result = runs[name](ids)
-            wall = time.perf_counter() - t0
             m = METHODS[name]
+            t0 = time.perf_counter()
+            result = runs[name](ids, workload=(q.category, repeat)) if m.per_workload else runs[name](ids)
+            wall = time.perf_counter() - t0
             _append(path, {"run": config.run_key, "question_id": q.question_id, "question_sha": q.sha,
                            "category": q.category, "method": name, "reference": m.reference, "exact": m.exact,
                            "prompt_tokens": ids.numel(), "new_tokens": len(result.tokens), "repeat": repeat,

@@ -68,6 +68,7 @@ class Trace:
     steps: list[Step] = field(default_factory=list)
     prefill_time: float = 0.0
     total_time: float = 0.0
+    draft_prefill_time: float = 0.0  # of prefill_time: the drafter reading the prompt (Drafter.start)
     stop_reason: str = ""        # "max_new_tokens", "eos" or "context"
     n_generated: int = 0         # tokens returned (a step past EOS or the limit is cut)
 

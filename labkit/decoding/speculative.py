@@ -48,8 +48,10 @@ class SpeculativeDecoder(Decoder):
             self.cache = target.new_cache()                 # every prompt token: the first step feeds no root
             self.prefill_logits = target(self.prompt[None].to(target.device), self.cache,
                                          num_logits=1)[0, -1:].cpu()                     # (1, V) after the prompt
+            t1 = time.perf_counter()
             drafter.start(self.prompt)
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
+        self.trace.draft_prefill_time = time.perf_counter() - t1
 
     @torch.no_grad()
     def step(self) -> Step:

@@ -64,8 +64,10 @@ class TreeDecoder(Decoder):
             self.cache = target.new_cache()                     # every prompt token: the first step feeds no root
             features = target.features(self.prompt[None].to(target.device), self.cache)             # (T, F)
             self.prefill_root = features[-1:], target.logits(features[-1:]).cpu()   # the root's (1, F), (1, V)
+            t1 = time.perf_counter()
             drafter.start(self.prompt, features[:-1])           # the root's features come with its step's commit
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
+        self.trace.draft_prefill_time = time.perf_counter() - t1
 
     @torch.no_grad()
     def step(self) -> Step:
