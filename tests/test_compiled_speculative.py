@@ -119,6 +119,7 @@ def test_draft_equal_to_target_accepts_everything_and_catches_up_two_tokens(pair
     out = compiled_speculative_generate(target, DraftModelDrafter(target), PROMPTS[0], max_new_tokens=30, gamma=4)
     assert out.trace.acceptance_rate == 1.0 and out.trace.n_target_forwards == 6   # 4 drafted + the bonus a pass
     assert out.tokens == autoregressive_generate(target, PROMPTS[0], max_new_tokens=30).tokens
+    assert 0 < out.trace.draft_prefill_time < out.trace.prefill_time       # the draft's reading, timed apart
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 9])

@@ -119,6 +119,7 @@ def test_replayed_tree_acceptance_is_the_recorded_one(target):
                 lambda: CompiledTreeDecoder(target, replay, max_len=180).generate(prompt, 100, budget=64)):
         out = run()
         assert out.tokens == continuation and not replay.diverged
+        assert 0 < out.trace.draft_prefill_time < out.trace.prefill_time   # the drafter's start, timed apart
         got = [(s.gamma, s.n_accepted) for s in out.trace.steps if s.asked]      # not the last token's plain step
         assert got == replay.replayed and got[:len(recorded)] == recorded     # later ones: cut by what is left
         assert max(len(s.proposed) for s in out.trace.steps) == 64 and any(s.path and s.parents[s.path[-1]] >= 0

@@ -333,12 +333,15 @@ class CompiledSpeculativeDecoder(Decoder):
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
         prefill(self.model, self.cache, self.prompt[:-1])      # every committed token but the last
+        sync()
+        t1 = time.perf_counter()
         if self.draft is not None:
             self.draft.start(self.prompt)
         if self.host_drafter is not None:
             self.host_drafter.start(self.prompt)
         sync()
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
+        self.trace.draft_prefill_time = time.perf_counter() - t1
         return self
 
     @torch.no_grad()

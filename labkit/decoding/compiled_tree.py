@@ -224,9 +224,12 @@ class CompiledTreeDecoder(Decoder):
         out = prefill(self.model, self.cache, self.prompt[:-1], hidden=True, taps=self.taps)  # all but the last
         if out is not None:
             features = out[0][0]                                                     # (T-1, F)
+        sync()
+        t1 = time.perf_counter()
         self.drafter.start(self.prompt, features if self.drafter.reads_features else None)
         sync()
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
+        self.trace.draft_prefill_time = time.perf_counter() - t1
         return self
 
     @torch.no_grad()
