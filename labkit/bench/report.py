@@ -356,8 +356,9 @@ def write_report(results: str | Path, run_key: str | None = None, note: str = ""
     meta, records = load_run(results, run_key)
     rows, mismatches = aggregate(records, meta.get("labels"))
     meta = {**meta, "oracle_picks": oracle_picks(records), **repeat_spread(records)}
-    if gates(records):
-        meta["gates"] = gates(records, meta.get("labels"))
+    counts = gates(records, meta.get("labels"))
+    if counts:
+        meta["gates"] = counts
     out = results.parent
     paths = [out / "bench.md", out / "bench.csv", out / "bench.json"]
     if not rows:
