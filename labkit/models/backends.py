@@ -8,7 +8,7 @@ those modules, applied once at load; the model code is the same on every path:
     packed      labkit's CPU kernels (kernels/cpu): weight-streaming linear layers whose cost is
                 nearly flat from 1 to ~12 tokens, per-row decode attention, and RMSNorm, RoPE and
                 SwiGLU fused into one call each; all batch invariant, so a k-token verify gives the
-                bits of k one-token steps
+                bits of k one-token steps. A forward's blocks run in one C++ call (models/fused.py)
     packed-amx  on a CPU with AMX, bf16: the packed path up to WIDE_ROWS - 1 tokens, and oneDNN's AMX
                 tile kernels (a second copy of the weights) for wider forwards (trees, prefill),
                 where AMX does 16-64 rows in about the time the weights take to stream; a verify that

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from .backends import ForwardPath
+from .fused import fused_blocks
 from .kv_cache import KVCache
 from .layers import RMSNorm, Rotary, SDPAttention, SwiGLU, rope_cos_sin
 
@@ -217,6 +218,9 @@ class Transformer(nn.Module):
         """
         cos, sin = rope_cos_sin(positions, self.args.head_dim, self.args.rope_theta, self.embed_tokens.weight.dtype)
         x = self.embed_tokens(tokens)                                                   # (B, T, D)
+        fused = fused_blocks(self) if run_block is None and type(cache) is KVCache else None   # packed: one C++ call
+        if fused is not None and fused.applies(x, cache):
+            return self.norm(fused(x, cos, sin, cache, mask))
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, mask) if run_block is None else run_block(layer, x, cos, sin, cache, i, mask)
         return self.norm(x)

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-SOURCES = ("vec.h", "linear.cpp", "int4.cpp", "attention.cpp", "pointwise.cpp", "module.cpp")
+SOURCES = ("vec.h", "linear.cpp", "int4.cpp", "attention.cpp", "pointwise.cpp", "blocks.cpp", "module.cpp")
 HEAD_DIMS = (64, 128, 256)          # decode_attention is compiled for these head sizes
 
 

@@ -16,6 +16,9 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor packed_blocks(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                            torch::Tensor v_cache, int64_t length, c10::optional<torch::Tensor> mask,
+                            std::vector<torch::Tensor> layers, std::vector<int64_t> shape, double eps, double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_linear", &pack_linear, "pack an (N, K) weight once for packed_linear");
@@ -31,4 +34,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "weight * x / rms(x), rounding as model.RMSNorm does");
   m.def("rope", &rope, "rotary position embedding of (B, H, T, hd)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused (..., 2F) gate-up projection");
+  m.def("packed_blocks", &packed_blocks, "every decoder block of one forward, the packed path's kernels in one call");
 }

@@ -1,0 +1,89 @@
+"""The packed path's blocks in one C++ call (labkit/models/fused.py) against the same modules run one by one."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_backends import PROMPT, SHAPE, on_path
+
+from labkit import DraftModelDrafter, autoregressive_generate, speculative_generate
+from labkit.decoding.tree import tree_generate
+from labkit.models.fused import fusable, fused_blocks, use_fused
+from labkit.models.transformer import ModelArgs, Transformer
+
+PRECISIONS = ("fp32", "bf16", "int4")
+
+
+def packed(precision: str, seed: int = 0) -> Transformer:
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    ref = Transformer(ModelArgs(**SHAPE)).init_random(std=0.1, seed=seed).to(dtype).eval().requires_grad_(False)
+    return on_path(ref, "packed", precision)
+
+
+def forwards(model: Transformer, fused: bool) -> list[torch.Tensor]:
+    """Logits of a prefill, a 1-token step, a 4-token chain and a 5-node tree, and the cache they leave."""
+    assert use_fused(model, fused) == fused
+    cache = model.new_cache()
+    out = [model(PROMPT[None], cache), model(torch.tensor([[11]]), cache), model(torch.tensor([[3, 4, 5, 6]]), cache)]
+    n = cache.length                                          # a tree: root, two children, two grandchildren
+    parents = [-1, 0, 0, 1, 2]
+    mask = torch.ones(5, n + 5, dtype=torch.bool)
+    mask[:, n:] = False
+    for i, p in enumerate(parents):
+        j = i
+        while j >= 0:
+            mask[i, n + j], j = True, parents[j]
+    positions = torch.tensor([[n, n + 1, n + 1, n + 2, n + 2]])
+    out.append(model(torch.tensor([[7, 8, 9, 10, 12]]), cache, positions=positions, mask=mask))
+    batch = model.new_cache(batch_size=2)
+    out.append(model(torch.stack([PROMPT, PROMPT.flip(0)]), batch))          # two sequences at once
+    return out + [cache.k[:, :, :, :cache.length], cache.v[:, :, :, :cache.length], batch.k[:, :, :, :batch.length]]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_fused_blocks_give_the_bits_of_the_modules_one_by_one(precision):
+    model = packed(precision)
+    assert fusable(model) is None
+    want, got = forwards(model, fused=False), forwards(model, fused=True)
+    for w, g in zip(want, got):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_speculative_decoding_on_fused_blocks_equals_plain_decoding(precision):
+    target, draft = packed(precision), packed(precision, seed=1)
+    assert fused_blocks(target) is not None and fused_blocks(draft) is not None
+    plain = autoregressive_generate(target, PROMPT, max_new_tokens=24)
+    use_fused(target, False)
+    assert autoregressive_generate(target, PROMPT, max_new_tokens=24).tokens == plain.tokens
+    use_fused(target, True)
+    from test_tree import RandomTreeDrafter
+    chain = speculative_generate(target, DraftModelDrafter(draft), PROMPT, 24, gamma=4)
+    tree = tree_generate(target, RandomTreeDrafter(plain.tokens, PROMPT.numel(), 9, seed=1, vocab=96), PROMPT, 24,
+                         budget=9)
+    assert chain.tokens == plain.tokens and tree.tokens == plain.tokens
+    assert tree.trace.tokens_per_forward > 1.3                           # trees were accepted, and rolled back
+
+
+def test_a_hook_on_a_layer_runs_the_modules_and_sees_them():
+    model = packed("int4")
+    seen = []
+    hook = model.layers[1].mlp.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    try:
+        with_hook = model(PROMPT[None], model.new_cache())
+    finally:
+        hook.remove()
+    assert seen == [(1, len(PROMPT), SHAPE["dim"])]
+    assert torch.equal(with_hook, model(PROMPT[None], model.new_cache()))   # the fused run, after the hook is gone
+
+
+def test_what_cannot_run_fused_says_why_and_runs_the_modules():
+    ref = Transformer(ModelArgs(**SHAPE)).init_random(std=0.1).eval().requires_grad_(False)
+    assert fusable(ref) == "not on the packed path" and not use_fused(ref)
+    int8 = on_path(copy.deepcopy(ref).to(torch.bfloat16), "packed", "int8")
+    assert fusable(int8) == "linear layers of kind Int8Linear" and fused_blocks(int8) is None
+    odd = on_path(Transformer(ModelArgs(**{**SHAPE, "n_heads": 8, "n_kv_heads": 2})).init_random(std=0.1)
+                  .eval().requires_grad_(False), "packed", "fp32")                  # head size 32
+    assert "sizes the fused kernels do not take (head 32" in fusable(odd)
+    assert odd(PROMPT[None], odd.new_cache()).shape == (1, len(PROMPT), SHAPE["vocab_size"])
