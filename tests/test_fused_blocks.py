@@ -87,3 +87,23 @@ def test_what_cannot_run_fused_says_why_and_runs_the_modules():
                   .eval().requires_grad_(False), "packed", "fp32")                  # head size 32
     assert "sizes the fused kernels do not take (head 32" in fusable(odd)
     assert odd(PROMPT[None], odd.new_cache()).shape == (1, len(PROMPT), SHAPE["vocab_size"])
+
+
+def test_the_packed_amx_path_runs_fused_below_the_rows_it_sends_to_onednn():
+    """packed-amx is the packed path with a second, oneDNN copy of each weight for products of WIDE_ROWS rows or
+    more: the narrower forwards (steps, verifies) run fused, with the packed path's bits; wider ones run the
+    modules. (Built without the AMX check: the narrow forwards never touch oneDNN.)"""
+    from labkit.models.backends import WIDE_ROWS, ForwardPath, swap_modules
+    ref = Transformer(ModelArgs(**SHAPE)).init_random(std=0.1).to(torch.bfloat16).eval().requires_grad_(False)
+    amx = copy.deepcopy(ref)
+    amx.forward_path = swap_modules(amx, ForwardPath("packed-amx", "bf16", "cpu"))
+    fused = fused_blocks(amx)
+    assert fusable(amx) is None and fused is not None and fused.max_rows == WIDE_ROWS - 1
+    plain = on_path(ref, "packed", "bf16")
+    assert use_fused(plain, False) is False
+    cache_amx, cache_plain = amx.new_cache(), plain.new_cache()
+    for tokens in (PROMPT[None], torch.tensor([[11]]), torch.tensor([[3, 4, 5, 6]])):
+        assert fused.applies(amx.embed_tokens(tokens), cache_amx)
+        assert torch.equal(amx(tokens, cache_amx), plain(tokens, cache_plain))
+    assert not fused.applies(amx.embed_tokens(torch.zeros(1, WIDE_ROWS, dtype=torch.long)), cache_amx)
+    assert not fused.applies(amx.embed_tokens(torch.zeros(2, WIDE_ROWS // 2, dtype=torch.long)), cache_amx)

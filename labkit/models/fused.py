@@ -3,16 +3,17 @@
 On the packed path each decoder block is about 25 small operations: norms, four linear layers, RoPE,
 the cache write, attention, two residual adds, and the views between them. Their kernels are fast;
 calling them from Python is not: some 10 µs each, so a 1-token step of the 0.5B draft (24 layers)
-spends a third of its time between kernels, and every speculative method pays it once per drafted
-token. `FusedBlocks` hands the whole stack of blocks to one C++ function that calls the same
+spends about a quarter of its time between kernels (the 1.5B target a seventh, on an AVX2 EPYC in
+int4), and every speculative method pays it once per drafted token. `FusedBlocks` hands the whole stack of blocks to one C++ function that calls the same
 kernels in the same order, so its output is the module-by-module forward's, bit for bit
 (tests/test_fused_blocks.py), and only the calling cost goes.
 
 `Transformer.blocks` uses it by itself where it applies: the packed path (one of labkit's packed
-linear kinds in every layer, its fused norm, RoPE, SwiGLU and attention), a plain `KVCache`, no
-forward hooks on the layers, a head size the attention kernel is built for. Anything else (a
-tree's compiled loop, a ragged batch cache, a hook that must see every layer) runs the modules as
-written. `use_fused(model, False)` turns it off, to compare the two.
+linear kinds in every layer, its fused norm, RoPE, SwiGLU and attention; on packed-amx, forwards of
+fewer rows than it sends to oneDNN), a plain `KVCache`, no forward hooks on the layers, a head size
+the attention kernel is built for. Anything else (the compiled loops' static cache, a ragged batch
+cache, a hook that must see every layer) runs the modules as written. `use_fused(model, False)`
+turns it off, to compare the two.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class FusedBlocks:
         self.eps = args.norm_eps
         self.scale = args.head_dim ** -0.5                     # as KernelAttention's kernel is called from Python
         self.tensors = [t for layer in model.layers for t in _layer_tensors(layer)]
+        wide = [m.wide_rows for m in self.modules if isinstance(m, PackedLinear) and m.wide is not None]
+        self.max_rows = min(wide) - 1 if wide else None      # packed-amx: wider products go to oneDNN's copy
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                  mask: torch.Tensor | None) -> torch.Tensor:
@@ -44,9 +47,11 @@ class FusedBlocks:
                                         self.shape, self.eps, self.scale)                    # (B, T, D)
 
     def applies(self, x: torch.Tensor, cache) -> bool:
-        """Whether this forward can run fused: a plain KVCache in x's dtype, no gradient, and no forward hook on
-        any module of a layer (a hook expects its module to run)."""
+        """Whether this forward can run fused: a plain KVCache in x's dtype, no gradient, no forward hook on any
+        module of a layer (a hook expects its module to run), and on the packed-amx path fewer rows than go to
+        oneDNN."""
         return (type(cache) is KVCache and cache.k.dtype == x.dtype and not x.requires_grad
+                and (self.max_rows is None or x.shape[0] * x.shape[1] <= self.max_rows)
                 and not (_global_forward_hooks or _global_forward_pre_hooks)
                 and not any(m._forward_hooks or m._forward_pre_hooks for m in self.modules))
 
@@ -63,7 +68,7 @@ def _layer_tensors(layer) -> list[torch.Tensor]:
 def fusable(model) -> str | None:
     """None where every block of `model` can run fused; otherwise why not, in a few words."""
     from ..kernels import cpu
-    if getattr(model, "forward_path", None) is None or model.forward_path.name != "packed":
+    if getattr(model, "forward_path", None) is None or model.forward_path.name not in ("packed", "packed-amx"):
         return "not on the packed path"
     args, dtype = model.args, model.embed_tokens.weight.dtype
     if dtype not in (torch.float32, torch.bfloat16) or model.embed_tokens.weight.is_cuda:
@@ -77,7 +82,7 @@ def fusable(model) -> str | None:
         if kinds != [KernelRMSNorm, KernelRMSNorm, KernelRotary, KernelAttention, KernelSwiGLU]:
             return "a layer whose modules are not the packed path's kernels"
         for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-            if not (type(linear) is PackedInt4Linear or (type(linear) is PackedLinear and linear.wide is None)):
+            if type(linear) not in (PackedInt4Linear, PackedLinear):
                 return f"linear layers of kind {type(linear).__name__}"
         if {layer.input_layernorm.eps, layer.post_attention_layernorm.eps} != {args.norm_eps}:
             return "norms of another eps than the model's"
