@@ -95,7 +95,8 @@ def main() -> None:
 
 
 def report(r: dict) -> str:
-    c = r["curves"]
+    c = {n: {w: {int(T): s for T, s in t.items()} for w, t in ways.items()}       # {model: {way: {T: seconds}}}
+         for n, ways in r["curves"].items()}                                          # (JSON keeps T as a string)
     lines = ["# The packed path's blocks: one C++ call against the modules one by one\n",
              f"{r['cpu']} ({r['isa']}), {r['threads']} threads, torch {r['torch']}, {r['date']}; target and draft on "
              f"the {r['path']}; load average {r['load_average_before'][0]} before, {r['load_average_after'][0]} "
@@ -105,10 +106,10 @@ def report(r: dict) -> str:
              "|---|---|" + "---|" * (len(WIDTHS) + 1)]
     for name in ("target", "draft"):
         for way in ("modules", "fused"):
-            t = {int(k): v for k, v in c[name][way].items()}
+            t = c[name][way]
             lines.append(f"| {name} | {way} | " + " | ".join(f"{t[T] * 1e3:.1f}" for T in WIDTHS)
                          + f" | {t[8] / t[1]:.2f} |")
-    t1 = {n: {w: c[n][w][1] if 1 in c[n][w] else c[n][w]["1"] for w in c[n]} for n in c}
+    t1 = {n: {w: c[n][w][1] for w in c[n]} for n in c}
     lines += ["", f"Fused, a target step costs {t1['target']['fused'] / t1['target']['modules']:.2f} of the modules' "
               f"one and a draft step {t1['draft']['fused'] / t1['draft']['modules']:.2f}; the draft's step is "
               f"c = {t1['draft']['fused'] / t1['target']['fused']:.2f} of the target's fused, "
