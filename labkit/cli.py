@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .drafters.draft_model import DEFAULT_WINDOW
+from .drafters.vocab import DEFAULT_VOCAB
 from .models.layer_skip import CALIBRATION_TOKENS
 
 DRAFTERS = ("draft", "lookup", "none")
@@ -45,6 +46,26 @@ def draft_window(text: str) -> int | str | None:
     if value < 1:
         raise argparse.ArgumentTypeError(f"takes a number of tokens >= 1, 'all' or 'auto', got {text!r}")
     return value
+
+
+def draft_vocab(text: str) -> int | str | None:
+    """--draft-vocab: a number of token ids, 'auto' (drafters.vocab.auto_vocab) or 'all' (None)."""
+    if text == "auto":
+        return "auto"
+    if text == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number of token ids >= 1, 'auto' or 'all', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a number of token ids >= 1, 'auto' or 'all', got {text!r}")
+    return value
+
+
+def resolve_vocab(vocab: int | str | None, device: str, loop: str) -> int | str | None:
+    """--draft-vocab on the compiled loops: the whole vocabulary (their draft scores every id)."""
+    return None if compiled_bound(device, loop) else vocab
 
 
 def compiled_bound(device: str, loop: str) -> bool:
@@ -88,6 +109,11 @@ def add_model_args(p, default_dtype: str = "auto") -> None:
                         f"auto: all on the compiled loop; on the eager one all where this machine's draft reads "
                         f"the prompt cheaply enough for the answer's length, else {DEFAULT_WINDOW}); the target "
                         "always reads everything, so the output is the same")
+    p.add_argument("--draft-vocab", type=draft_vocab, default="auto", metavar="N|auto|all",
+                   help=f"token ids the draft model scores: the N most frequent (data/vocab/) and the prompt's own, "
+                        f"its LM head cut to them for a cheaper step, or 'all'. auto: {DEFAULT_VOCAB} where a ranking "
+                        "is shipped for the draft's tokenizer, else all; all on the compiled loop. The target "
+                        "verifies every token, so the output is the same")
     p.add_argument("--loop", default="auto", choices=LOOPS,
                    help="auto: the compiled loop on a GPU (static caches, torch.compile, CUDA graphs) where it takes "
                         "the request, else the eager one; eager: the readable reference loops; compiled: force it")
@@ -212,7 +238,7 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 
 
 def make_drafter(kind: str, draft_model=None, eos_token_ids=(), window: int | str | None = None, target_model=None,
-                 max_new_tokens: int = 64):
+                 max_new_tokens: int = 64, vocab: int | None = None):
     """The drafter of --drafter (eos_token_ids: the draft stops drafting at them; () where the compiled loop runs,
     whose draft drafts every token; window "auto": weighed against target_model's step, measured when a prompt first
     outgrows the window, for answers of max_new_tokens)."""
@@ -222,7 +248,7 @@ def make_drafter(kind: str, draft_model=None, eos_token_ids=(), window: int | st
         return PromptLookupDrafter()
     if window == "auto":
         window = AutoWindow(partial(WindowCosts.measure, target_model, draft_model), max_new_tokens, DEFAULT_WINDOW)
-    return DraftModelDrafter(draft_model, eos_token_ids=eos_token_ids, window=window)
+    return DraftModelDrafter(draft_model, eos_token_ids=eos_token_ids, window=window, vocab=vocab)
 
 
 def make_policy(name: str, gamma: int, compiled: bool = False):
@@ -263,7 +289,8 @@ def cmd_generate(a) -> int:
             draft = load_draft(a.draft, target, a.draft_precision, a.backend, a.max_seq_len, progress=not a.json)
         compiled = compiled_bound(a.device, a.loop)
         drafter = make_drafter(a.drafter, draft.model if draft else None, () if compiled else target.eos_token_ids,
-                               resolve_window(a.draft_window, a.device, a.loop), target.model, a.max_new_tokens)
+                               resolve_window(a.draft_window, a.device, a.loop), target.model, a.max_new_tokens,
+                               resolve_vocab(a.draft_vocab, a.device, a.loop))
     out, (loop, why) = decode(target.model, drafter, prompt, a.max_new_tokens, policy, sampling,
                               target.eos_token_ids, a.seed, loop=a.loop)
     show(a, out, target, draft, prompt, f"{loop} loop ({why})", {"drafter": a.drafter, "gamma": a.gamma,
@@ -306,6 +333,7 @@ def generate_method(a, text: str) -> int:
     config = BenchConfig("", "", [a.method], a.target, a.draft, dtype, a.max_new_tokens, a.gamma,
                          backend=a.backend, device=a.device, draft_precision=a.draft_precision,
                          draft_window=resolve_window(a.draft_window, a.device, a.loop), loop=a.loop,
+                         draft_vocab=resolve_vocab(a.draft_vocab, a.device, a.loop),
                          chat_template=not a.no_chat_template)
     method = METHODS[a.method]                   # checked by BenchConfig (which adds the baseline to its list)
     target = load_model(a.target, dtype, a.backend, a.max_seq_len, a.device, progress=not a.json)
@@ -416,7 +444,7 @@ def cmd_bench(a) -> int:
     config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, dtype, a.max_new_tokens,
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit,
                          a.backend, a.device, a.draft_precision, resolve_window(a.draft_window, a.device, a.loop),
-                         a.loop, a.layer_skip_tokens, a.repeats)
+                         a.loop, a.layer_skip_tokens, a.repeats, resolve_vocab(a.draft_vocab, a.device, a.loop))
     try:
         results = Path(a.out) / "results.jsonl" if a.report_only else run_bench(config)
     except KeyboardInterrupt:

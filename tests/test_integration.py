@@ -67,6 +67,16 @@ def test_adaptive_greedy_equals_autoregressive(pair, policy):
     assert out.tokens == ref.tokens
 
 
+@pytest.mark.parametrize("vocab", [4096, "auto"])
+def test_a_draft_scoring_only_frequent_ids_equals_autoregressive(pair, vocab):
+    target, draft, ids, ref = pair
+    drafter = DraftModelDrafter(draft.model, vocab=vocab)
+    assert drafter.head is not None and len(drafter.head.ids) <= (4096 if vocab == 4096 else 32768)
+    out = speculative_generate(target.model, drafter, ids, N, 4, eos_token_ids=target.eos_token_ids)
+    assert out.tokens == ref.tokens
+    assert out.trace.tokens_per_forward > 1.5, "the cut draft should still agree with the target often"
+
+
 def test_prompt_lookup_greedy_equals_autoregressive(pair):
     target, _, ids, ref = pair
     out = speculative_generate(target.model, PromptLookupDrafter(), ids, N, 4, eos_token_ids=target.eos_token_ids)

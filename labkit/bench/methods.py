@@ -55,6 +55,8 @@ class Models:
     draft_name: str | None = None        # the draft preset, for peers that load it themselves (llama.cpp)
     draft_window: int | str | None = None   # tokens the draft model reads besides the sinks (None: the whole
     #                                          context; "auto": per prompt, drafters.window.AutoWindow)
+    draft_vocab: int | str | None = None  # ids the draft model scores: the k most frequent and the prompt's (None:
+    #                                       all; "auto": drafters.vocab.auto_vocab)
     cross_draft: object | None = None    # loading.LoadedModel of CROSS_DRAFT: a draft with its own tokenizer
     hf_cross: torch.nn.Module | None = None
     loop: str = "auto"                   # decoding.loops: auto = the compiled loop on a GPU where it takes a method
@@ -158,12 +160,19 @@ def _gated(drafter: Callable[[Models, int], object]):
 
 def _draft_model(m: Models, n: int):
     return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
-                             window=m.window(n))
+                             window=m.window(n), vocab=None if m.compiled else m.draft_vocab)
 
 
 def _draft_model_whole(m: Models, n: int):
     """The draft model reading the whole context, whatever the run's window: what a window saves is measured."""
-    return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids)
+    return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
+                             vocab=None if m.compiled else m.draft_vocab)
+
+
+def _draft_model_all_ids(m: Models, n: int):
+    """The draft model scoring every token id, whatever the run's vocabulary: what a vocabulary saves is measured."""
+    return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
+                             window=m.window(n))
 
 
 CROSS_DRAFT = "smollm2-135m-instruct"         # a draft with a tokenizer of its own (49,152 tokens)
@@ -369,6 +378,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("draft-cost-aware", "labkit draft, cost-aware γ", _D, _speculative(_draft_model, CostAwareGamma)),
     Method("draft-cost-aware-gated", "labkit draft, cost-aware γ, gated per category", _D, _gated(_draft_model),
            per_workload=True),
+    Method("draft-cost-aware-all-ids", "labkit draft scoring every token id, cost-aware γ", _D,
+           _speculative(_draft_model_all_ids, CostAwareGamma)),
     Method("draft-cost-aware-whole", "labkit draft reading the whole context, cost-aware γ", _D,
            _speculative(_draft_model_whole, CostAwareGamma)),
     Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _speculative(_lookup, lambda g: g)),

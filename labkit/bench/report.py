@@ -287,12 +287,21 @@ def _window_sentence(meta: dict) -> str:
     return f"; the draft model reads the context's first 4 tokens and its last {window}" if window else ""
 
 
+def _vocab_sentence(meta: dict) -> str:
+    """Which ids the draft model scored (older runs: all of them)."""
+    vocab = meta.get("draft_vocab")
+    if vocab == "auto":
+        vocab = meta.get("draft_vocab_auto")
+    return (f"; the draft model scores the {vocab:,} most frequent token ids and the prompt's own "
+            "(its LM head cut to them)" if vocab else "")
+
+
 def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str = "") -> str:
     """The Markdown report: settings and definitions, the table, and every output that parts from its reference."""
     lines = [f"# labkit bench: {Path(meta['questions']).name}", "",
              f"Measured {meta['date']} on {meta['machine']}; target `{meta['target']}`, draft `{meta['draft']}`, "
              f"{meta['dtype']}, greedy, max_new_tokens={meta['max_new_tokens']}, γ={meta['gamma']}"
-             + _window_sentence(meta) + ". "
+             + _window_sentence(meta) + _vocab_sentence(meta) + ". "
              + _ran_on(meta) + "Every ratio compares methods run back to back on the same question"
              + (", in an order rotated from one question to the next (no method always runs first)"
                 if meta.get("method_order") == "rotated" else "")

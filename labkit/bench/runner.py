@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from ..core.textfile import writable_dir
 from ..decoding.loops import LOOPS
+from ..drafters.vocab import auto_vocab
 from ..models.layer_skip import CALIBRATION_TOKENS
 from .methods import (
     CROSS_DRAFT,
@@ -62,6 +63,8 @@ class BenchConfig:
     loop: str = "auto"                 # decoding.loops: auto = the compiled loop on a GPU, eager elsewhere
     layer_skip_tokens: int = CALIBRATION_TOKENS   # calibration tokens the layer-skip search reads
     repeats: int = 1                   # rounds of every method per question; the fastest run of each counts
+    draft_vocab: int | str | None = "auto"   # ids the draft model scores: the k most frequent and the prompt's
+    #                                          (None: all; "auto": drafters.vocab.auto_vocab)
 
     def __post_init__(self):
         self.methods = check_methods(default_methods(self.target, self.dtype) if self.methods is None
@@ -79,6 +82,9 @@ class BenchConfig:
         window = self.draft_window
         if window not in (None, "auto") and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"--draft-window must be a number of tokens >= 1, 'all' or 'auto', got {window!r}")
+        vocab = self.draft_vocab
+        if vocab not in (None, "auto") and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1):
+            raise ValueError(f"--draft-vocab must be a number of token ids >= 1, 'auto' or 'all', got {vocab!r}")
 
     @property
     def run_key(self) -> str:
@@ -92,6 +98,8 @@ class BenchConfig:
             keyed["draft_window"] = self.draft_window
         if self.loop != "auto":
             keyed["loop"] = self.loop
+        if self.draft_vocab is not None:                        # older runs' drafts scored every id
+            keyed["draft_vocab"] = self.draft_vocab
         if self.layer_skip_tokens != CALIBRATION_TOKENS:
             keyed["layer_skip_tokens"] = self.layer_skip_tokens
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
@@ -189,7 +197,8 @@ def load_models(config: BenchConfig, progress: bool = True, target=None) -> Mode
                  config.draft if "draft" in needs else None, config.draft_precision)
     if target is None:
         target = load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress)
-    models = Models(target, draft_name=config.draft, draft_window=config.draft_window, loop=config.loop,
+    models = Models(target, draft_name=config.draft, draft_window=config.draft_window,
+                    draft_vocab=config.draft_vocab, loop=config.loop,
                     layer_skip_tokens=config.layer_skip_tokens)
     if "draft" in needs:
         models.draft = load_draft(config.draft, models.target, config.draft_precision, config.backend,
@@ -284,10 +293,12 @@ def _meta(config: BenchConfig, models: Models) -> dict:
     from ..models.calibrate import run_facts
     facts = run_facts(models.target, models.draft)
     rule = {}
+    if config.draft_vocab == "auto" and models.draft is not None:
+        rule["draft_vocab_auto"] = None if models.compiled else auto_vocab(models.draft.model.vocab_size)
     if config.draft_window == "auto" and models.draft is not None:
         auto = models.window(config.max_new_tokens)
-        rule = {"window_rule": {"describe": auto.describe(), "longest_whole_prompt": auto.longest_whole_prompt(),
-                                **asdict(auto.costs)}}
+        rule["window_rule"] = {"describe": auto.describe(), "longest_whole_prompt": auto.longest_whole_prompt(),
+                               **asdict(auto.costs)}
     return {**asdict(config), **rule, "method_order": "rotated",
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{facts['cpu']} ({facts['isa']}), {platform.machine()}, {config.threads} threads, "

@@ -15,6 +15,10 @@ W committed tokens). The target still verifies against the whole context, so the
 exactly the target's; only how often the draft is right can change. With `window=AutoWindow(...)`
 (drafters/window.py) the window is chosen per prompt from this machine's costs: the whole context
 where the draft reads it cheaply enough, the window where not.
+
+Nor need it score every token. With `vocab=k` its LM head is cut to the k most frequent ids and
+the prompt's own (drafters/vocab.py, FR-Spec): a cheaper step that never proposes a rarer token;
+the target's verify keeps the output exact.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import torch
 from ..core.sampling import SamplingConfig, draw
 from ..models.ragged_cache import RaggedCache, left_pad
 from .base import Drafter, Proposal, draft_chain
+from .vocab import VocabHead, as_ids
 from .window import DEFAULT_WINDOW, AutoWindow  # noqa: F401 (DEFAULT_WINDOW: read from here too)
 
 
@@ -32,10 +37,13 @@ class DraftModelDrafter(Drafter):
     samples_tokens = True               # when sampling, each token is drawn from the draft's distribution
 
     def __init__(self, model, stop_below: float | None = None, eos_token_ids: tuple[int, ...] = (),
-                 window: int | None | AutoWindow = None, sinks: int = 4):
+                 window: int | None | AutoWindow = None, sinks: int = 4, vocab: int | str | torch.Tensor | None = None):
         """`stop_below`: stop drafting early once the draft's own top probability drops below it.
         `window`: the draft reads the first `sinks` tokens and the last `window` of the context (None: all of it;
-        an AutoWindow: chosen per prompt, see `start`)."""
+        an AutoWindow: chosen per prompt, see `start`).
+        `vocab`: the ids the draft may propose: the k most frequent (an int; "auto": vocab.DEFAULT_VOCAB where a
+        ranking is shipped for the draft's vocabulary, else all), the ids themselves (a tensor), or None for all;
+        `eos_token_ids` and each prompt's ids are always among them."""
         if stop_below is not None and not 0 <= stop_below < 1:
             raise ValueError(f"stop_below must be in [0, 1) or None, got {stop_below}")
         self.auto = window if isinstance(window, AutoWindow) else None
@@ -48,6 +56,8 @@ class DraftModelDrafter(Drafter):
             raise ValueError(f"sinks must be an integer >= 0 (the context's first tokens the draft keeps), got {sinks!r}")
         self.model, self.stop_below, self.eos_token_ids = model, stop_below, set(eos_token_ids)
         self.window, self.sinks = window, sinks
+        ids = as_ids(vocab, model.vocab_size, tuple(sorted(self.eos_token_ids)))
+        self.head = None if ids is None else VocabHead(model, ids)     # None: the model's whole LM head
         self.cache = None
         self.skipped = 0            # committed tokens between the sinks and the window that the cache left out
 
@@ -62,6 +72,8 @@ class DraftModelDrafter(Drafter):
         self.cache, self.skipped = self.model.new_cache(), 0
         if self.auto is not None:
             self.window = self.auto.choose(prompt_ids.numel())
+        if self.head is not None:                                           # a vocabulary: and the prompt's ids
+            self.head.extend(prompt_ids)
         if prompt_ids.numel() > 1:
             self.model(self.unseen(prompt_ids[:-1])[None].to(self.model.device), self.cache, num_logits=1)
 
@@ -81,9 +93,17 @@ class DraftModelDrafter(Drafter):
         if k == 0:
             return Proposal.empty(tokens)
         unseen = self.unseen(tokens).to(self.model.device)                      # (n,): >= 1 committed token
-        logits = self.model(unseen[None], self.cache, num_logits=1)[0, -1].cpu()  # (V,), sampled on the host
-        feed = lambda i, x: self.model(x.view(1, 1).to(self.model.device), self.cache)[0, -1].cpu()  # (V,)
+        logits = self.next_logits(unseen)                                       # (V,), sampled on the host
+        feed = lambda i, x: self.next_logits(x.view(1).to(self.model.device))   # (V,)
         return draft_chain(logits, feed, k, sampling, generator, stop=self._stops)
+
+    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Read `tokens` (n,) into the cache; the draft's logits (V,) for the next token, on the host (with a
+        vocabulary: its ids' logits, -inf elsewhere)."""
+        if self.head is None:
+            return self.model(tokens[None], self.cache, num_logits=1)[0, -1].cpu()
+        h = self.model.hidden(tokens[None], self.cache)[0, -1:]                 # (1, D)
+        return self.head.spread(self.head(h)[0].cpu())
 
     def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
         if n_cached - self.skipped < self.sinks and self.skipped:    # rolled back into the skipped stretch: restart
@@ -97,9 +117,9 @@ class DraftModelDrafter(Drafter):
     @torch.no_grad()
     def start_rows(self, prompts: list[torch.Tensor], max_len: int) -> None:
         """A cache for all rows, prefilled with each prompt but its last token (as the target's is)."""
-        if self.window is not None or self.auto is not None:
-            raise ValueError("a windowed draft (window=...) drafts one sequence at a time: batch it with "
-                             "DraftModelDrafter(model, window=None)")
+        if self.window is not None or self.auto is not None or self.head is not None:
+            raise ValueError("a windowed draft (window=...) or one with a vocabulary (vocab=...) drafts one sequence "
+                             "at a time: batch it with DraftModelDrafter(model, window=None, vocab=None)")
         self.rows_cache = RaggedCache(self.model, len(prompts), max_len)
         if max(p.numel() for p in prompts) > 1:
             self.rows_cache.feed(*left_pad([p[:-1].tolist() for p in prompts]))

@@ -25,6 +25,7 @@ not the bf16 one's (its quality against bf16: scripts/precision_quality.py). `la
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 
 import torch
@@ -137,10 +138,18 @@ class PackedLinear(nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """The (N, K) weight unpacked again (a copy, for code that reads it once, e.g. a head's vocabulary)."""
-        p = self.packed                                                  # [Nb][K][NBW] or [Nb][K/2][NBW][2]
-        w = p.permute(0, 2, 1, 3).reshape(-1, self.in_features) if p.dim() == 4 else \
+        return self._unpack(self.packed)[: self.out_features]
+
+    def weight_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The weight's rows `ids` (n, K), unpacking only the blocks that hold them."""
+        width = self.packed.shape[2]                                     # NBW columns a block
+        blocks, where = (ids // width).unique(return_inverse=True)
+        return self._unpack(self.packed[blocks])[where * width + ids % width]
+
+    def _unpack(self, p: torch.Tensor) -> torch.Tensor:
+        # [Nb][K][NBW] or [Nb][K/2][NBW][2] -> (Nb * NBW, K)
+        return p.permute(0, 2, 1, 3).reshape(-1, self.in_features) if p.dim() == 4 else \
             p.transpose(1, 2).reshape(-1, self.in_features)
-        return w[: self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from ..kernels import cpu
@@ -242,11 +251,23 @@ class PackedInt4Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         from ..kernels import cpu
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        packed, scales = cpu.pack_int4(cpu.quantize_int4(linear.weight))
+        self._hold(cpu.quantize_int4(linear.weight), linear.bias)
+
+    @classmethod
+    def from_int4(cls, weights, bias: torch.Tensor | None = None) -> "PackedInt4Linear":
+        """The layer of weights already in 4 bits (a kernels.cpu.Int4Weights), packed as they are."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._hold(weights, bias)
+        return layer
+
+    def _hold(self, weights, bias: torch.Tensor | None) -> None:
+        from ..kernels import cpu
+        self.out_features, self.in_features = weights.q.shape
+        packed, scales = cpu.pack_int4(weights)
         self.register_buffer("packed", packed)                                        # (N/16, K/4, 32) uint8
         self.register_buffer("scales", scales)                                        # (N/16, K/32, 2, 16) fp16
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
 
     def weight_stats(self) -> tuple[int, int]:
         n, b = self.in_features * self.out_features, _numel(self.bias)
@@ -257,6 +278,14 @@ class PackedInt4Linear(nn.Module):
         """The (N, K) weight the 4 bits stand for (a bf16 copy, for code that reads it once)."""
         from ..kernels import cpu
         return cpu.unpack_int4(self.packed, self.scales, self.out_features).dequantize().to(torch.bfloat16)
+
+    def int4_rows(self, ids: torch.Tensor):
+        """The rows `ids` (n,) in 4 bits (a kernels.cpu.Int4Weights), unpacking only the blocks that hold them."""
+        from ..kernels import cpu
+        blocks, where = (ids // cpu.INT4_BLOCK).unique(return_inverse=True)
+        w = cpu.unpack_int4(self.packed[blocks], self.scales[blocks], len(blocks) * cpu.INT4_BLOCK)
+        rows = where * cpu.INT4_BLOCK + ids % cpu.INT4_BLOCK
+        return cpu.Int4Weights(w.q[rows], w.scale[rows], w.lo[rows])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from ..kernels import cpu
@@ -272,6 +301,35 @@ def weight_dtype(linear: nn.Module) -> torch.dtype:
     if isinstance(linear, OneDNNLinear):
         return linear.dtype
     return torch.bfloat16                                    # int8 / int4: bf16 activations
+
+
+def rows_of(linear: nn.Module, ids: torch.Tensor) -> nn.Module:
+    """The outputs `ids` (n,) of a linear layer on any path, as a layer of the same kind and precision: on the packed
+    paths and in int8 its outputs are `linear`'s at `ids`, bit for bit (each output is computed on its own), so a
+    draft that scores a few tokens scores them as its whole LM head does. The weights are not quantized again."""
+    ids = ids.long()
+    bias = getattr(linear, "bias", None)
+    sub_bias = None if bias is None else bias[ids.to(bias.device)]
+    if isinstance(linear, PackedInt4Linear):
+        return PackedInt4Linear.from_int4(linear.int4_rows(ids), sub_bias)
+    if isinstance(linear, Int8Linear):
+        layer = copy.copy(linear)
+        layer._buffers = {"q": linear.q[ids].contiguous(), "scale": linear.scale[ids].contiguous(), "bias": sub_bias}
+        layer.out_features = len(ids)
+        return layer
+    if isinstance(linear, Int4Linear):
+        raise ValueError("torch's int4 kernel (the reference path's int4) keeps its weights in a layout labkit cannot "
+                         "cut rows from: load the draft with backend='packed' to give it a vocabulary of its own")
+    rows = linear.weight_rows(ids) if isinstance(linear, PackedLinear) else linear.weight[ids.to(linear.weight.device)]
+    dense = nn.Linear(linear.in_features, len(ids), bias=bias is not None, device="meta")
+    dense.weight = nn.Parameter(rows.detach().clone(), requires_grad=False)
+    if bias is not None:
+        dense.bias = nn.Parameter(sub_bias.detach().clone(), requires_grad=False)
+    if isinstance(linear, PackedLinear):
+        return PackedLinear(dense, wide_rows=linear.wide_rows)
+    if isinstance(linear, OneDNNLinear):
+        return OneDNNLinear(dense)
+    return dense
 
 
 def readout(weight: torch.Tensor, path: ForwardPath) -> nn.Module:
