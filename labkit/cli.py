@@ -33,34 +33,28 @@ POLICIES = ("fixed", "heuristic", "cost-aware")
 DRAFT_PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
 
 
-def draft_window(text: str) -> int | str | None:
-    """--draft-window: a number of tokens, 'all' for the whole context (None), or 'auto' (see resolve_window)."""
-    if text == "auto":
-        return "auto"
-    if text == "all":
-        return None
+def count_or_word(text: str, unit: str, words: dict):
+    """A count >= 1 of `unit`, or one of `words` (name -> value): the parser of --draft-window and --draft-vocab."""
+    if text in words:
+        return words[text]
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a number of tokens >= 1, 'all' or 'auto', got {text!r}") from None
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"takes a number of tokens >= 1, 'all' or 'auto', got {text!r}")
+        raise argparse.ArgumentTypeError(f"takes a number of {unit} >= 1, {' or '.join(map(repr, words))}, "
+                                         f"got {text!r}")
     return value
+
+
+def draft_window(text: str) -> int | str | None:
+    """--draft-window: a number of tokens, 'all' for the whole context (None), or 'auto' (see resolve_window)."""
+    return count_or_word(text, "tokens", {"all": None, "auto": "auto"})
 
 
 def draft_vocab(text: str) -> int | str | None:
     """--draft-vocab: a number of token ids, 'auto' (drafters.vocab.auto_vocab) or 'all' (None)."""
-    if text == "auto":
-        return "auto"
-    if text == "all":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a number of token ids >= 1, 'auto' or 'all', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"takes a number of token ids >= 1, 'auto' or 'all', got {text!r}")
-    return value
+    return count_or_word(text, "token ids", {"auto": "auto", "all": None})
 
 
 def resolve_vocab(vocab: int | str | None, device: str, loop: str) -> int | str | None:

@@ -100,6 +100,8 @@ def bad_argv(d):
         (gen + ["--draft-precision", "int3"], "invalid choice"),
         (gen + ["--draft-window", "0"], "--draft-window: takes a number of tokens >= 1, 'all' or 'auto'"),
         (bench + ["--draft-window", "x"], "--draft-window: takes a number of tokens >= 1, 'all' or 'auto'"),
+        (gen + ["--draft-vocab", "0"], "--draft-vocab: takes a number of token ids >= 1, 'auto' or 'all'"),
+        (bench + ["--draft-vocab", "most"], "--draft-vocab: takes a number of token ids >= 1, 'auto' or 'all'"),
         (["generate", "--target", "smollm2-135m-instruct", "--prompt", "hi"], "(qwen2.5 vs smollm2)"),
         (bench + ["--methods", "ar,draft", "--draft", "bogus"], "'bogus' is not a preset"),
         (bench + ["--methods", "ar,draft", "--draft", str(d / "other-vocab")], "uses a different tokenizer"),
