@@ -70,7 +70,7 @@ def as_ids(vocab, vocab_size: int, always: tuple[int, ...] = ()) -> torch.Tensor
     """A drafter's `vocab` argument -> sorted ids (n,), or None for the whole vocabulary: a count of the most
     frequent ids (frequent_tokens), "auto" (auto_vocab), or the ids themselves (a 1-D tensor of ids below
     vocab_size)."""
-    if vocab == "auto" and not isinstance(vocab, torch.Tensor):
+    if isinstance(vocab, str) and vocab == "auto":
         vocab = auto_vocab(vocab_size)
     if vocab is None:
         return None
