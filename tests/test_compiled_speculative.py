@@ -295,8 +295,9 @@ def test_bad_requests_say_what_to_do(pair):
     target, draft = pair
     with pytest.raises(ValueError, match="cuda_graph=True needs the model on a CUDA device"):
         CompiledSpeculativeDecoder(target, PromptLookupDrafter(), max_len=32, cuda_graph=True)
-    with pytest.raises(ValueError, match="no window, stop_below"):
-        CompiledSpeculativeDecoder(target, DraftModelDrafter(draft, window=16), max_len=32)
+    for drafter in (DraftModelDrafter(draft, window=16), DraftModelDrafter(draft, vocab=torch.arange(8))):
+        with pytest.raises(ValueError, match="no window, vocab, stop_below"):
+            CompiledSpeculativeDecoder(target, drafter, max_len=32)
     with pytest.raises(ValueError, match="tree loop"):
         CompiledSpeculativeDecoder(target, ReadsFeatures(), max_len=32)
     with pytest.raises(ValueError, match="drafter must be a labkit Drafter"):
