@@ -96,6 +96,7 @@ class VocabHead(nn.Module):
         self.cut = partial(rows_of, model.lm_head)                                      # ids (m,) -> a layer
         self.register_buffer("ids", ids.long().to(model.device))                         # (n,) sorted
         self.register_buffer("extra_ids", self.ids[:0])                                  # (m,) from extend
+        self.register_buffer("scored", self.ids)       # (n + m,) every id the head scores, in its logits' order
         # cutting 32k rows takes a fraction of a second: once per head and ids, shared by every drafter that asks
         cut = _CUTS.setdefault(model.lm_head, {})
         key = ids.long().cpu().numpy().tobytes()
@@ -108,11 +109,7 @@ class VocabHead(nn.Module):
         new = tokens.to(self.ids.device).long().unique()
         self.extra_ids = new[~torch.isin(new, self.ids)]                                 # (m,)
         self.extra = self.cut(self.extra_ids) if len(self.extra_ids) else None
-
-    @property
-    def scored(self) -> torch.Tensor:
-        """Every id the head scores (n + m,), in the order of its logits."""
-        return torch.cat([self.ids, self.extra_ids])
+        self.scored = torch.cat([self.ids, self.extra_ids])
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """Final hidden states (..., D) -> logits (..., n + m) at `scored`, in fp32."""
