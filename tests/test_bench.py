@@ -310,6 +310,7 @@ def test_cli_end_to_end_exact_methods_equal_baseline(pair, tmp_path, capsys):
     by = {r["method"]: r for r in records}
     assert set(by) == set(default_methods(pair[0])) and {r["question_id"] for r in records} == {"tiny-code"}
     assert meta["draft_vocab"] == "auto" and meta["draft_vocab_auto"] is None and "window_rule" in meta  # no ranking
+    assert meta["draft_opening_tokens"] == 0                                # no chat template: no opening to copy in
     assert "medusa" not in by                                                            # heads of another target
     assert all(len(r["tokens"]) == 16 or 1 in r["tokens"] for r in records)          # max_new_tokens or EOS
     for name, r in by.items():

@@ -77,6 +77,17 @@ def test_a_draft_scoring_only_frequent_ids_equals_autoregressive(pair, vocab):
     assert out.trace.tokens_per_forward > 1.5, "the cut draft should still agree with the target often"
 
 
+def test_a_draft_copying_in_the_chat_opening_equals_autoregressive(pair):
+    from labkit.drafters.opening import chat_opening
+    target, draft, ids, ref = pair
+    opening = chat_opening(target.tokenizer)
+    assert len(opening) == 24 and torch.equal(ids[:24], opening)                  # Qwen2.5's system turn and more
+    drafter = DraftModelDrafter(draft.model, opening=opening)
+    out = speculative_generate(target.model, drafter, ids, N, 4, eos_token_ids=target.eos_token_ids)
+    assert out.tokens == ref.tokens
+    assert out.trace.tokens_per_forward > 1.5, "the draft with the copied opening should agree as often as before"
+
+
 def test_prompt_lookup_greedy_equals_autoregressive(pair):
     target, _, ids, ref = pair
     out = speculative_generate(target.model, PromptLookupDrafter(), ids, N, 4, eos_token_ids=target.eos_token_ids)

@@ -44,3 +44,33 @@ def test_commit_path_of_nodes_already_in_place_keeps_every_slot_as_the_copy_woul
     assert fast.length == 3 + len(keep)
     assert torch.equal(fast.k[:, :, :, :fast.length], copied.k[:, :, :, :fast.length])
     assert torch.equal(fast.v[:, :, :, :fast.length], copied.v[:, :, :, :fast.length])
+
+
+def test_nothing_reads_a_slot_before_it_is_written(tiny_target, tiny_draft, monkeypatch):
+    """The cache's buffers are left unset (KVCache): filled with NaN instead, every loop and path still decodes the
+    same tokens, so no attention, rollback or copy reads a slot no token has written."""
+    import copy
+
+    from labkit import DraftModelDrafter, autoregressive_generate, speculative_generate
+    from labkit.decoding.tree import tree_generate
+    from labkit.models.backends import apply_path
+
+    prompt = torch.tensor([3, 14, 15, 9, 2, 6])
+    packed = apply_path(copy.deepcopy(tiny_target), "packed", "fp32")
+    drafter = lambda: DraftModelDrafter(tiny_draft, opening=prompt[:3])           # noqa: E731
+    runs = {"plain": lambda: autoregressive_generate(tiny_target, prompt, 30).tokens,
+            "packed": lambda: autoregressive_generate(packed, prompt, 30).tokens,
+            "chain": lambda: speculative_generate(tiny_target, drafter(), prompt, 30, 4).tokens,
+            "window": lambda: speculative_generate(tiny_target, DraftModelDrafter(tiny_draft, window=4), prompt, 30,
+                                                   3).tokens,
+            "tree": lambda: tree_generate(tiny_target, drafter(), prompt, 30, budget=4).tokens}
+    clean = {name: run() for name, run in runs.items()}
+    init = KVCache.__init__
+
+    def poisoned(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.k.fill_(float("nan"))
+        self.v.fill_(float("nan"))
+    monkeypatch.setattr(KVCache, "__init__", poisoned)
+    assert {name: run() for name, run in runs.items()} == clean
+    assert clean["chain"] == clean["plain"] == clean["tree"]

@@ -22,6 +22,7 @@ from ..decoding.loops import decode
 from ..decoding.speculative import Generation, speculative_generate
 from ..drafters import DraftModelDrafter, PromptLookupDrafter
 from ..drafters.draft_model import DEFAULT_WINDOW
+from ..drafters.opening import chat_opening
 from ..drafters.suffix import SuffixDrafter
 from ..drafters.window import AutoWindow, WindowCosts
 from ..models.layer_skip import CALIBRATION_TOKENS
@@ -61,8 +62,20 @@ class Models:
     hf_cross: torch.nn.Module | None = None
     loop: str = "auto"                   # decoding.loops: auto = the compiled loop on a GPU where it takes a method
     layer_skip_tokens: int = CALIBRATION_TOKENS   # calibration tokens the layer-skip search reads (models.layer_skip)
+    chat_template: bool = True           # the prompts go through the chat template (then drafts copy in its opening)
 
     window_costs: WindowCosts | None = None   # what the "auto" window weighs, measured on first use
+    _opening: torch.Tensor | None = None
+
+    @property
+    def opening(self) -> torch.Tensor | None:
+        """The ids every templated prompt starts with, which the draft model reads once (drafters/opening.py); None
+        without the chat template, or on the compiled loops, whose draft reads every prompt whole."""
+        if not self.chat_template or self.compiled:
+            return None
+        if self._opening is None:
+            self._opening = chat_opening(self.target.tokenizer)
+        return self._opening if len(self._opening) else None
 
     def window(self, new_tokens: int) -> int | AutoWindow | None:
         """The draft model's window for answers of up to `new_tokens` tokens (an AutoWindow for "auto"; the
@@ -120,7 +133,7 @@ def _speculative(drafter: Callable[[Models, int], object], policy: Callable[[int
             kw = {"max_gamma": MAX_GAMMA} if capped else {}
             if policy is CostAwareGamma:                 # priced on this machine's verify curve, as the budgets are
                 kw["verify_curve"] = _verify_curve(m)
-                if drafter in (_draft_model, _draft_model_whole) and not m.compiled:   # and its draft's step
+                if drafter in DRAFT_MODEL_DRAFTERS and not m.compiled:                  # and its draft's step
                     costs = m.costs()
                     kw["known_costs"] = (costs.draft_step_seconds, costs.target_step_seconds)
             chosen = policy(gamma, **kw)
@@ -160,19 +173,30 @@ def _gated(drafter: Callable[[Models, int], object]):
 
 def _draft_model(m: Models, n: int):
     return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
-                             window=m.window(n), vocab=None if m.compiled else m.draft_vocab)
+                             window=m.window(n), vocab=None if m.compiled else m.draft_vocab, opening=m.opening)
 
 
 def _draft_model_whole(m: Models, n: int):
     """The draft model reading the whole context, whatever the run's window: what a window saves is measured."""
     return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
-                             vocab=None if m.compiled else m.draft_vocab)
+                             vocab=None if m.compiled else m.draft_vocab, opening=m.opening)
 
 
 def _draft_model_all_ids(m: Models, n: int):
     """The draft model scoring every token id, whatever the run's vocabulary: what a vocabulary saves is measured."""
     return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
-                             window=m.window(n))
+                             window=m.window(n), opening=m.opening)
+
+
+def _draft_model_rereads(m: Models, n: int):
+    """The draft model reading every prompt whole, the chat template's opening too: what the opening saves is
+    measured."""
+    return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
+                             window=m.window(n), vocab=None if m.compiled else m.draft_vocab)
+
+
+# the draft model's drafters, whose cost-aware γ starts from its measured step (Models.costs)
+DRAFT_MODEL_DRAFTERS = (_draft_model, _draft_model_whole, _draft_model_all_ids, _draft_model_rereads)
 
 
 CROSS_DRAFT = "smollm2-135m-instruct"         # a draft with a tokenizer of its own (49,152 tokens)
@@ -382,6 +406,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            _speculative(_draft_model_all_ids, CostAwareGamma)),
     Method("draft-cost-aware-whole", "labkit draft reading the whole context, cost-aware γ", _D,
            _speculative(_draft_model_whole, CostAwareGamma)),
+    Method("draft-cost-aware-rereads", "labkit draft rereading the chat opening, cost-aware γ", _D,
+           _speculative(_draft_model_rereads, CostAwareGamma)),
     Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _speculative(_lookup, lambda g: g)),
     Method("lookup-cost-aware", "labkit prompt lookup, cost-aware γ", frozenset(),
            _speculative(_lookup, CostAwareGamma)),

@@ -293,7 +293,14 @@ def _vocab_sentence(meta: dict) -> str:
     if vocab == "auto":
         vocab = meta.get("draft_vocab_auto")
     return (f"; the draft model scores the {vocab:,} most frequent token ids and the prompt's own "
-            "(its LM head cut to them)" if vocab else "")
+            "(its LM head cut to them)" if vocab else "") + _opening_sentence(meta)
+
+
+def _opening_sentence(meta: dict) -> str:
+    """Whether the draft model copied in the chat template's opening instead of reading it (older runs: not)."""
+    n = meta.get("draft_opening_tokens")
+    return (f"; it reads the chat template's first {n} tokens once and copies their keys and values into each "
+            "prompt's cache" if n else "")
 
 
 def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str = "") -> str:

@@ -199,7 +199,7 @@ def load_models(config: BenchConfig, progress: bool = True, target=None) -> Mode
         target = load_model(config.target, config.dtype, config.backend, device=config.device, progress=progress)
     models = Models(target, draft_name=config.draft, draft_window=config.draft_window,
                     draft_vocab=config.draft_vocab, loop=config.loop,
-                    layer_skip_tokens=config.layer_skip_tokens)
+                    layer_skip_tokens=config.layer_skip_tokens, chat_template=config.chat_template)
     if "draft" in needs:
         models.draft = load_draft(config.draft, models.target, config.draft_precision, config.backend,
                                   progress=progress)
@@ -295,6 +295,8 @@ def _meta(config: BenchConfig, models: Models) -> dict:
     rule = {}
     if config.draft_vocab == "auto" and models.draft is not None:
         rule["draft_vocab_auto"] = None if models.compiled else auto_vocab(models.draft.model.vocab_size)
+    if models.draft is not None:
+        rule["draft_opening_tokens"] = 0 if models.opening is None else len(models.opening)
     if config.draft_window == "auto" and models.draft is not None:
         auto = models.window(config.max_new_tokens)
         rule["window_rule"] = {"describe": auto.describe(), "longest_whole_prompt": auto.longest_whole_prompt(),

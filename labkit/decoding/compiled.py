@@ -285,10 +285,11 @@ class CompiledSpeculativeDecoder(Decoder):
         if drafter.reads_features or drafter.reads_verdict:
             raise ValueError(f"the {drafter.name} drafter needs the tree loop: decode with labkit.decoding.tree")
         if isinstance(drafter, DraftModelDrafter) and (drafter.window is not None or drafter.stop_below is not None
-                                                       or drafter.head is not None
+                                                       or drafter.head is not None or drafter.opening is not None
                                                        or drafter.eos_token_ids):
             raise ValueError("the compiled draft reads the whole context and drafts k tokens every step: build the "
-                             "drafter as DraftModelDrafter(model) (no window, vocab, stop_below or eos_token_ids)")
+                             "drafter as DraftModelDrafter(model) (no window, vocab, stop_below, eos_token_ids or "
+                             "opening)")
         drafter.check_target(self.model)
         paced = isinstance(drafter, PacedDrafter) and isinstance(drafter.paced_by, DraftModelDrafter)
         draft_model = (drafter.model if isinstance(drafter, DraftModelDrafter) else

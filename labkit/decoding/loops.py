@@ -57,10 +57,11 @@ def why_not_compiled(model, drafter: Drafter | None, gamma, sampling: SamplingCo
     if drafter.reads_features:
         return f"the {drafter.name} drafter reads the target's features: decode it as a tree (tree=True)"
     if isinstance(drafter, DraftModelDrafter) and (drafter.window is not None or drafter.stop_below is not None
-                                                   or drafter.head is not None
+                                                   or drafter.head is not None or drafter.opening is not None
                                                    or drafter.eos_token_ids):
-        return ("the draft model reads a window of the context, scores a vocabulary of its own or stops early (the "
-                "compiled draft reads the whole context and drafts every token: DraftModelDrafter(model))")
+        return ("the draft model reads a window of the context, scores a vocabulary of its own, copies in an opening "
+                "or stops early (the compiled draft reads the whole context and drafts every token: "
+                "DraftModelDrafter(model))")
     longest = gamma if isinstance(gamma, int) else gamma.k if isinstance(gamma, FixedGamma) else \
         getattr(gamma, "max_gamma", None)
     if longest is None or longest > MAX_GAMMA:

@@ -19,6 +19,10 @@ where the draft reads it cheaply enough, the window where not.
 Nor need it score every token. With `vocab=k` its LM head is cut to the k most frequent ids and
 the prompt's own (drafters/vocab.py, FR-Spec): a cheaper step that never proposes a rarer token;
 the target's verify keeps the output exact.
+
+Nor need it reread what every prompt starts with. With `opening=ids` (drafters/opening.py: the chat template's
+system turn) it copies the opening's keys and values, computed once per draft model, into each prompt's cache
+and reads only the rest.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import torch
 from ..core.sampling import SamplingConfig, draw
 from ..models.ragged_cache import RaggedCache, left_pad
 from .base import Drafter, Proposal, draft_chain
+from .opening import Opening
 from .vocab import VocabHead, as_ids
 from .window import DEFAULT_WINDOW, AutoWindow  # noqa: F401 (DEFAULT_WINDOW: read from here too)
 
@@ -37,13 +42,16 @@ class DraftModelDrafter(Drafter):
     samples_tokens = True               # when sampling, each token is drawn from the draft's distribution
 
     def __init__(self, model, stop_below: float | None = None, eos_token_ids: tuple[int, ...] = (),
-                 window: int | None | AutoWindow = None, sinks: int = 4, vocab: int | str | torch.Tensor | None = None):
+                 window: int | None | AutoWindow = None, sinks: int = 4, vocab: int | str | torch.Tensor | None = None,
+                 opening: torch.Tensor | None = None):
         """`stop_below`: stop drafting early once the draft's own top probability drops below it.
         `window`: the draft reads the first `sinks` tokens and the last `window` of the context (None: all of it;
         an AutoWindow: chosen per prompt, see `start`).
         `vocab`: the ids the draft may propose: the k most frequent (an int; "auto": vocab.DEFAULT_VOCAB where a
         ranking is shipped for the draft's vocabulary, else all), the ids themselves (a tensor), or None for all;
-        `eos_token_ids` and each prompt's ids are always among them."""
+        `eos_token_ids` and each prompt's ids are always among them.
+        `opening`: ids (n,) many prompts start with (opening.chat_opening(tokenizer)), read once per draft model
+        and copied into the cache of each prompt that starts with them; None: every prompt is read whole."""
         if stop_below is not None and not 0 <= stop_below < 1:
             raise ValueError(f"stop_below must be in [0, 1) or None, got {stop_below}")
         self.auto = window if isinstance(window, AutoWindow) else None
@@ -58,6 +66,7 @@ class DraftModelDrafter(Drafter):
         self.window, self.sinks = window, sinks
         ids = as_ids(vocab, model.vocab_size, tuple(sorted(self.eos_token_ids)))
         self.head = None if ids is None else VocabHead(model, ids)     # None: the model's whole LM head
+        self.opening = None if opening is None else Opening(model, opening)
         self.cache = None
         self.skipped = 0            # committed tokens between the sinks and the window that the cache left out
 
@@ -68,14 +77,18 @@ class DraftModelDrafter(Drafter):
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """Read the prompt but its last token (or, with a window, its sinks and last W) now, as the target
         does: the draft's own prefill is counted with the prefill, not with the first step's drafting. An
-        AutoWindow picks this prompt's window first (`self.window`: None when the draft reads it all)."""
+        AutoWindow picks this prompt's window first (`self.window`: None when the draft reads it all). With an
+        opening the prompt starts with, the cache starts with the opening's keys and values and only the rest is read."""
         self.cache, self.skipped = self.model.new_cache(), 0
         if self.auto is not None:
             self.window = self.auto.choose(prompt_ids.numel())
         if self.head is not None:                                           # a vocabulary: and the prompt's ids
             self.head.extend(prompt_ids)
-        if prompt_ids.numel() > 1:
-            self.model(self.unseen(prompt_ids[:-1])[None].to(self.model.device), self.cache, num_logits=1)
+        if self.opening is not None:
+            self.opening.fill(self.cache, prompt_ids[:-1])
+        unseen = self.unseen(prompt_ids[:-1])                              # (n,): after the opening, or a window
+        if unseen.numel():
+            self.model(unseen[None].to(self.model.device), self.cache, num_logits=1)
 
     def unseen(self, tokens: torch.Tensor) -> torch.Tensor:
         """The committed tokens (n,) the draft has not read yet; with a window, a fresh one started when due."""
@@ -117,9 +130,10 @@ class DraftModelDrafter(Drafter):
     @torch.no_grad()
     def start_rows(self, prompts: list[torch.Tensor], max_len: int) -> None:
         """A cache for all rows, prefilled with each prompt but its last token (as the target's is)."""
-        if self.window is not None or self.auto is not None or self.head is not None:
-            raise ValueError("a windowed draft (window=...) or one with a vocabulary (vocab=...) drafts one sequence "
-                             "at a time: batch it with DraftModelDrafter(model, window=None, vocab=None)")
+        if self.window is not None or self.auto is not None or self.head is not None or self.opening is not None:
+            raise ValueError("a windowed draft (window=...), one with a vocabulary (vocab=...) or an opening "
+                             "(opening=...) drafts one sequence at a time: batch it with "
+                             "DraftModelDrafter(model, window=None, vocab=None, opening=None)")
         self.rows_cache = RaggedCache(self.model, len(prompts), max_len)
         if max(p.numel() for p in prompts) > 1:
             self.rows_cache.feed(*left_pad([p[:-1].tolist() for p in prompts]))

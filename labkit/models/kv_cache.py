@@ -15,13 +15,18 @@ import torch
 
 
 class KVCache:
-    """Keys and values of all layers: (L, B, Hkv, S, hd) each, valid in slots [0, length)."""
+    """Keys and values of all layers: (L, B, Hkv, S, hd) each, valid in slots [0, length).
+
+    Nothing reads a slot before it is written, so the buffers are left unset: zeroing a whole context's slots
+    (112 MiB for the 1.5B target) cost each request 38 ms on a 2-core CPU, for slots most requests never reach
+    (data/bench/draft_opening_amd-epyc-avx2/request_setup.md). StaticKVCache, whose attention reads every slot
+    under a mask, zeroes them."""
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
         shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, hd)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, hd)
+        self.k = torch.empty(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, hd)
+        self.v = torch.empty(shape, dtype=dtype, device=device)  # (L, B, Hkv, S, hd)
         self.length = 0
         self.max_len = max_len
 
@@ -67,6 +72,8 @@ class StaticKVCache(KVCache):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.k.zero_()                                       # read under the mask: a stale slot must be finite
+        self.v.zero_()
         self.slots = torch.zeros(1, dtype=torch.long, device=self.k.device)    # (T,)
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
