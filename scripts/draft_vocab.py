@@ -11,36 +11,28 @@ every speculative output is checked against plain decoding's.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from pathlib import Path
 
 import torch
+from pair_script import load_pair, pair_options
 from tqdm import tqdm
 
 SIZES = (65536, 32768, 16384)
 
 
 def main() -> None:
-    from labkit import CostAwareGamma, DraftModelDrafter, autoregressive_generate, load_model, speculative_generate
+    from labkit import CostAwareGamma, DraftModelDrafter, autoregressive_generate, speculative_generate
     from labkit.models.calibrate import isa_label, machine
-    from labkit.models.hub import DEFAULT_DRAFT, DEFAULT_TARGET
     from labkit.models.loading import encode_prompt
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--precision", default="int4")
+    p = pair_options(__doc__, repeats=9)
     p.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")), default=SIZES)
-    p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--questions", type=Path, default=Path("data/questions/labkit_bench.jsonl"))
-    p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
-    torch.set_num_threads(2)
-    load_before = [round(x, 2) for x in os.getloadavg()]
-    target = load_model(DEFAULT_TARGET, dtype=a.precision, backend="packed", progress=False)
-    draft = load_model(DEFAULT_DRAFT, dtype=a.precision, backend="packed", progress=False)
+    target, draft, load_before = load_pair(a.precision)
     eos = target.eos_token_ids
     settings = {"all": None, **{str(k): k for k in a.sizes}}
     drafters = {name: DraftModelDrafter(draft.model, eos_token_ids=eos, vocab=k) for name, k in settings.items()}

@@ -10,35 +10,25 @@ with the CPU, its ISA, the path, the precision and the load average.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
 import time
-from pathlib import Path
 
-import torch
+from pair_script import load_pair, pair_options
 
 WIDTHS = (1, 2, 4, 8, 16)
 
 
 def main() -> None:
-    from labkit import CostAwareGamma, DraftModelDrafter, autoregressive_generate, load_model, speculative_generate
+    from labkit import CostAwareGamma, DraftModelDrafter, autoregressive_generate, speculative_generate
     from labkit.models.calibrate import isa_label, machine, time_forward_rounds
     from labkit.models.fused import use_fused
-    from labkit.models.hub import DEFAULT_DRAFT, DEFAULT_TARGET
     from labkit.models.loading import encode_prompt
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--precision", default="int4")
-    p.add_argument("--repeats", type=int, default=7)
+    p = pair_options(__doc__, repeats=7)
     p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--questions", type=Path, default=Path("data/questions/labkit_bench.jsonl"))
-    p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
-    torch.set_num_threads(2)
-    load_before = [round(x, 2) for x in os.getloadavg()]
-    target = load_model(DEFAULT_TARGET, dtype=a.precision, backend="packed", progress=False)
-    draft = load_model(DEFAULT_DRAFT, dtype=a.precision, backend="packed", progress=False)
+    target, draft, load_before = load_pair(a.precision)
     ways = {}
     for name, m in (("target", target.model), ("draft", draft.model)):
         modules = copy.copy(m)                                # the same modules and weights; only the flag differs

@@ -10,33 +10,23 @@ best of --repeats. Writes request_setup.json and .md with the CPU, its ISA, the 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from pair_script import load_pair, pair_options
 from tqdm import tqdm
 
 
 def main() -> None:
-    from labkit import DraftModelDrafter, load_model
+    from labkit import DraftModelDrafter
     from labkit.drafters.opening import chat_opening
     from labkit.models.calibrate import isa_label, machine
-    from labkit.models.hub import DEFAULT_DRAFT, DEFAULT_TARGET
     from labkit.models.loading import encode_prompt
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--precision", default="int4")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--questions", type=Path, default=Path("data/questions/labkit_bench.jsonl"))
-    p.add_argument("--out", type=Path, required=True)
-    a = p.parse_args()
-    torch.set_num_threads(2)
-    load_before = [round(x, 2) for x in os.getloadavg()]
-    target = load_model(DEFAULT_TARGET, dtype=a.precision, backend="packed", progress=False)
-    draft = load_model(DEFAULT_DRAFT, dtype=a.precision, backend="packed", progress=False)
+    a = pair_options(__doc__, repeats=7).parse_args()
+    target, draft, load_before = load_pair(a.precision)
 
     caches = {}
     for name, model in (("target", target.model), ("draft", draft.model)):
