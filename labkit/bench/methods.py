@@ -65,7 +65,7 @@ class Models:
     chat_template: bool = True           # the prompts go through the chat template (then drafts copy in its opening)
 
     window_costs: WindowCosts | None = None   # what the "auto" window weighs, measured on first use
-    _opening: torch.Tensor | None = None
+    _opening: torch.Tensor | None = field(default=None, init=False, repr=False)   # chat_opening's, on first use
 
     @property
     def opening(self) -> torch.Tensor | None:

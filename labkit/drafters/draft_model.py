@@ -77,8 +77,8 @@ class DraftModelDrafter(Drafter):
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """Read the prompt but its last token (or, with a window, its sinks and last W) now, as the target
         does: the draft's own prefill is counted with the prefill, not with the first step's drafting. An
-        AutoWindow picks this prompt's window first (`self.window`: None when the draft reads it all). With an
-        opening the prompt starts with, the cache starts with the opening's keys and values and only the rest is read."""
+        AutoWindow picks this prompt's window first (`self.window`: None when the draft reads it all). Where the
+        prompt starts with the opening, the cache starts with the opening's keys and values and the rest is read."""
         self.cache, self.skipped = self.model.new_cache(), 0
         if self.auto is not None:
             self.window = self.auto.choose(prompt_ids.numel())
