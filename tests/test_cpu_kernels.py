@@ -199,6 +199,10 @@ def test_the_avx2_build_matches_too():
         qw = cpu.quantize_int4(rand(200, 160, scale=0.05))
         y4 = avx2.int4_linear(x, *cpu.pack_int4(qw), 200, None)                      # vpmaddubsw, no VNNI
         assert not avx2.int4_vnni() and close(y4, cpu.int4_linear_ref(x, qw), dtype) < TOL[dtype]
+        for M in (1, 3, 8, 13):                  # this CPU's own code (512-bit VNNI where it has it): the same bits
+            xm = rand(M, 160, dtype=dtype, seed=M)
+            assert torch.equal(avx2.int4_linear(xm, *cpu.pack_int4(qw), 200, None),
+                               cpu.int4_linear(xm, *cpu.pack_int4(qw), 200)), (dtype, M)
     # the int16 partial sums at their largest (every q = 15, every activation 127): widened before they overflow
     w = torch.zeros(16, 160)
     w[:, ::2] = 1.0                                                                  # q = 0 or 15, scale 1/15

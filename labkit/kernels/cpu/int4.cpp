@@ -24,8 +24,10 @@
 // is, so a row's output has the same bits alone or in a call of 64 rows (batch invariance; checked by
 // tests/test_cpu_kernels.py): a k-token verify reproduces k one-token steps exactly.
 //
-// 256-bit code on every x86 CPU with AVX2 (AVX-512 CPUs run it too); where the CPU has VNNI
-// (vpdpbusd), one instruction replaces vpmaddubsw + the int16 sum + vpmaddwd.
+// 256-bit code on every x86 CPU with AVX2; where the CPU has VNNI (vpdpbusd), one instruction replaces
+// vpmaddubsw + the int16 sum + vpmaddwd. Where it has AVX-512 VNNI, 512-bit code (tile512): a quad's 16 columns
+// in one register, one vpdpbusd a row and quad, tiles of up to 8 rows; the same integers and fp32 fold, so the
+// same bits as the 256-bit code.
 //
 // Where the CPU has AMX (Intel Xeon since Sapphire Rapids) a call of 2 or more rows goes to the tile
 // unit instead: the vector code's integer work grows with the rows (16 vpdpbusd a row, group and
@@ -61,12 +63,23 @@ namespace lk4 {
 constexpr int NBQ = 16;           // output columns per packed block: two vectors of 8 int32 / fp32 lanes
 constexpr int GROUP = 32;         // k per scale (weights) and per activation scale
 constexpr int QUADS = GROUP / 4;  // 32-byte k steps per group
-constexpr int MRQ = 4;            // rows per register tile: 4 x 2 accumulators + the weights fit 16 registers
-constexpr int GC = 4;             // groups per chunk: 4 KB of weights, reused from L1 by each row tile
+constexpr int GC = 4;             // groups per chunk: 1 KB of weights, reused from L1 by each row tile
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
 constexpr bool VNNI = true;
 #else
 constexpr bool VNNI = false;
+#endif
+// 512-bit code where the CPU has AVX-512 VNNI: a quad's 16 columns x 4 k in one register, one vpdpbusd a row
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define LK4_ZMM 1
+constexpr int MRQ = 8;            // rows per register tile: 8 sums + 8 accumulators + the weights, of 32 registers
+constexpr int VEC_PF_AHEAD = 4096;  // weights prefetched this many bytes ahead
+constexpr int VEC_PF_ROWS = 2;      // and only for calls of at least this many rows
+#else
+#define LK4_ZMM 0
+constexpr int MRQ = 4;            // rows per register tile: 4 x 2 accumulators + the weights fit 16 registers
+constexpr int VEC_PF_AHEAD = GC * QUADS * 32;  // the next chunk
+constexpr int VEC_PF_ROWS = 1;
 #endif
 
 // sum of u8 w x s8 x over each lane's 4 bytes, added to acc (int32 lanes)
@@ -181,20 +194,75 @@ static inline void tile(const int8_t* xq, int64_t K, const float* sx, const floa
   }
 }
 
+#if LK4_ZMM
+// acc += w (u8) . x (s8), x being the 4 bytes at p in every lane: vpdpbusd with its memory operand broadcast
+// ({1to16}), which the load unit serves; a separate vpbroadcastd would cost a vector operation a row and quad.
+// Compilers do not fold _mm512_set1_epi32(*p) into the operand, hence the asm.
+static inline __m512i dot4_bcast(__m512i acc, __m512i w, const int8_t* p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t*)p));
+  return acc;
+}
+
+// tile() in 512-bit registers: quad q's 32 bytes in both halves of one, the upper half shifted right by 4, so its
+// low nibbles are columns 0-7 and its high nibbles columns 8-15, lane for lane as tile()'s w0 and w1; one vpdpbusd a
+// row and quad. The accumulators stay in registers over the chunk's groups. Each lane's integer sum and fp32 fold
+// are tile()'s, so the bits are the same (tests/test_cpu_kernels.py checks them against the AVX2 build).
+template <int R>
+static inline void tile512(const int8_t* xq, int64_t K, const float* sx, const float* sxsum, int64_t G,
+                           const uint8_t* wb, const uint16_t* sb, int64_t g0, int64_t g1, float* acc) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 a[R];
+  for (int r = 0; r < R; ++r) a[r] = _mm512_loadu_ps(acc + r * NBQ);
+  for (int64_t g = g0; g < g1; ++g) {
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    const uint8_t* w = wb + g * QUADS * 32;
+    for (int q = 0; q < QUADS; ++q) {
+      const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(w + q * 32)));
+      const __m512i wq = _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xFFFF0000u, raw, 4), low);
+      for (int r = 0; r < R; ++r)
+        isum[r] = dot4_bcast(isum[r], wq, xq + r * K + g * GROUP + q * 4);
+    }
+    const uint16_t* sg = sb + g * 2 * NBQ;                               // 16 scales, then 16 minimums
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)sg));
+    const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(sg + NBQ)));
+    for (int r = 0; r < R; ++r) {
+      const __m512 c1 = _mm512_set1_ps(sx[r * G + g]), c2 = _mm512_set1_ps(sxsum[r * G + g]);
+      a[r] = _mm512_fmadd_ps(lo, c2, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(s, c1), a[r]));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + r * NBQ, a[r]);
+}
+#endif
+
 static void tile_rows(int rows, const int8_t* xq, int64_t K, const float* sx, const float* sxsum, int64_t G,
                       const uint8_t* wb, const uint16_t* sb, int64_t g0, int64_t g1, float* acc) {
+#if LK4_ZMM
+  switch (rows) {
+    case 1: return tile512<1>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
+    case 2: return tile512<2>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
+    case 3: return tile512<3>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
+    case 4: return tile512<4>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
+    case 5: return tile512<5>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
+    case 6: return tile512<6>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
+    case 7: return tile512<7>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
+    case 8: return tile512<8>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
+  }
+#else
   switch (rows) {
     case 1: return tile<1>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
     case 2: return tile<2>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
     case 3: return tile<3>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
     case 4: return tile<4>(xq, K, sx, sxsum, G, wb, sb, g0, g1, acc);
   }
+#endif
 }
 
 static void gemm(const int8_t* xq, const float* sx, const float* sxsum, int64_t M, int64_t K, const uint8_t* wp,
                  const uint16_t* sp, int64_t N, const float* bias, void* y, bool out_bf16) {
   const int64_t n_blocks = (N + NBQ - 1) / NBQ, G = K / GROUP;
   const int64_t n_row_tiles = (M + MRQ - 1) / MRQ;
+  const uint8_t* w_end = wp + n_blocks * (K / 4) * 32;
   at::parallel_for(0, n_blocks, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> acc(M * NBQ);
     for (int64_t b = b0; b < b1; ++b) {
@@ -203,9 +271,13 @@ static void gemm(const int8_t* xq, const float* sx, const float* sxsum, int64_t 
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t g0 = 0; g0 < G; g0 += GC) {
         const int64_t g1 = std::min(G, g0 + GC);
-        if (g1 < G)                                        // the next chunk, into L2 while this one runs
+        // a chunk's worth of weights VEC_PF_AHEAD bytes ahead (blocks lie one after another) into L2. The 512-bit
+        // code, whose chunks take less time, looks 4 KB ahead, and leaves one row, which waits on nothing but the
+        // stream, to the hardware prefetcher (data/bench/int4_zmm_amd-epyc-zen5/)
+        const uint8_t* ahead = wb + g0 * QUADS * 32 + VEC_PF_AHEAD;
+        if (M >= VEC_PF_ROWS && ahead + GC * QUADS * 32 <= w_end)
           for (int64_t o = 0; o < GC * QUADS * 32; o += 64)
-            _mm_prefetch((const char*)(wb + g1 * QUADS * 32 + o), _MM_HINT_T1);
+            _mm_prefetch((const char*)(ahead + o), _MM_HINT_T1);
         for (int64_t t = 0, m0 = 0; t < n_row_tiles; ++t) {
           const int rows = (int)((M - m0) / (n_row_tiles - t));  // balanced: 6 rows -> 3 + 3, not 4 + 2
           tile_rows(rows, xq + m0 * K, K, sx + m0 * G, sxsum + m0 * G, G, wb, sb, g0, g1, acc.data() + m0 * NBQ);
