@@ -66,6 +66,41 @@ def test_speculative_decoding_on_fused_blocks_equals_plain_decoding(precision):
     assert tree.trace.tokens_per_forward > 1.3                           # trees were accepted, and rolled back
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_eagle3_layer_taps_run_fused_with_the_bits_of_the_modules(precision, monkeypatch):
+    """EAGLE-3's taps (some blocks' outputs and the final hidden state) come out of the one C++ call with the bits
+    of the blocks run one by one: a prefill, a plain step and a tree verify, and the cache they leave."""
+    from labkit.models.adapters import layer_taps
+    from labkit.models.fused import FusedBlocks
+    model = packed(precision)
+    calls = []
+    with_taps = FusedBlocks.with_taps
+    monkeypatch.setattr(FusedBlocks, "with_taps", lambda self, *a: calls.append(a[-1]) or with_taps(self, *a))
+
+    def run(fused: bool, layers: tuple[int, ...]) -> list[torch.Tensor]:
+        use_fused(model, fused)
+        cache = model.new_cache()
+        out = [layer_taps(model, PROMPT[None], cache, layers), layer_taps(model, torch.tensor([[11]]), cache, layers)]
+        n = cache.length                                                          # root and two children
+        mask = torch.ones(3, n + 3, dtype=torch.bool)
+        mask[1, n + 2] = mask[2, n + 1] = False
+        out.append(layer_taps(model, torch.tensor([[7, 8, 9]]), cache, layers, torch.tensor([[n, n + 1, n + 1]]),
+                              mask))
+        return out + [cache.k[:, :, :, :cache.length], cache.v[:, :, :, :cache.length]]
+
+    for layers in ((0,), (0, 1), ()):
+        want, got = run(False, layers), run(True, layers)
+        assert got[0].shape == (1, len(PROMPT), (len(layers) + 1) * SHAPE["dim"])
+        for w, g in zip(want, got):
+            assert torch.equal(g, w), layers
+    assert calls == [(0,)] * 3 + [(0, 1)] * 3 + [()] * 3             # the fused runs took the one call each time
+    from labkit.models.layers import rope_cos_sin
+    x, a = model.embed_tokens(PROMPT[None]), model.args
+    cos, sin = rope_cos_sin(torch.arange(len(PROMPT))[None], a.head_dim, a.rope_theta, x.dtype)
+    with pytest.raises(RuntimeError, match="distinct layers in ascending order"):
+        fused_blocks(model).with_taps(x, cos, sin, model.new_cache(), None, (1, 0))
+
+
 def test_a_hook_on_a_layer_runs_the_modules_and_sees_them():
     model = packed("int4")
     seen = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .fused import fused_blocks
 from .kv_cache import KVCache
 from .layers import rope_cos_sin
 from .mtp import MTPModel
@@ -106,10 +107,14 @@ def layer_taps(model: Transformer, tokens: torch.Tensor, cache: KVCache, layers:
     positions, mask = positions_and_mask(tokens, cache, positions, mask)
     cos, sin = rope_cos_sin(positions, model.args.head_dim, model.args.rope_theta, model.embed_tokens.weight.dtype)
     x, taps = model.embed_tokens(tokens), []                                            # (B, T, D)
-    for i, block in enumerate(model.layers):
-        x = block(x, cos, sin, cache, i, mask)
-        if i in layers:
-            taps.append(x)
+    fused = fused_blocks(model) if type(cache) is KVCache else None   # packed: one C++ call, the same bits
+    if fused is not None and fused.applies(x, cache) and list(layers) == sorted(set(layers)):
+        *taps, x = fused.with_taps(x, cos, sin, cache, mask, layers)
+    else:
+        for i, block in enumerate(model.layers):
+            x = block(x, cos, sin, cache, i, mask)
+            if i in layers:
+                taps.append(x)
     cache.advance(tokens.shape[1])
     return torch.cat(taps + [model.norm(x)], dim=-1)
 

@@ -46,6 +46,13 @@ class FusedBlocks:
         return cpu.load().packed_blocks(x, cos, sin, cache.k, cache.v, cache.length, mask, self.tensors,
                                         self.shape, self.eps, self.scale)                    # (B, T, D)
 
+    def with_taps(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                  mask: torch.Tensor | None, taps: tuple[int, ...]) -> list[torch.Tensor]:
+        """As calling it, and the outputs of blocks `taps` (ascending) too: [each tap's (B, T, D)..., the last's]."""
+        from ..kernels import cpu
+        return cpu.load().packed_blocks_taps(x, cos, sin, cache.k, cache.v, cache.length, mask, self.tensors,
+                                             self.shape, self.eps, self.scale, list(taps))
+
     def applies(self, x: torch.Tensor, cache) -> bool:
         """Whether this forward can run fused: a plain KVCache in x's dtype, no gradient, no forward hook on any
         module of a layer (a hook expects its module to run), and on the packed-amx path fewer rows than go to

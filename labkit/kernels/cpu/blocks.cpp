@@ -4,6 +4,7 @@
 // which on a 1-token step of a small draft model is about a quarter of its time.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <vector>
 
 at::Tensor packed_linear(at::Tensor x, at::Tensor wp, int64_t N, c10::optional<at::Tensor> bias);
@@ -35,10 +36,12 @@ static at::Tensor linear(const at::Tensor& x, const at::Tensor* w, int64_t N) {
 
 // x (B, T, D) through every layer; k_cache, v_cache (L, B, Hkv, S, hd), written at slots [length, length + T).
 // layers: PER_LAYER tensors a layer (see above); shape: n_heads, n_kv_heads, head_dim, hidden_dim; scale: the
-// attention's, hd^-0.5 as Python computes it.
-at::Tensor packed_blocks(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor k_cache, at::Tensor v_cache,
-                         int64_t length, c10::optional<at::Tensor> mask, std::vector<at::Tensor> layers,
-                         std::vector<int64_t> shape, double eps, double scale) {
+// attention's, hd^-0.5 as Python computes it. taps: layers whose outputs go into *tapped, in order (EAGLE-3 reads
+// three of them).
+static at::Tensor run_blocks(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
+                             const at::Tensor& v_cache, int64_t length, const c10::optional<at::Tensor>& mask,
+                             const std::vector<at::Tensor>& layers, const std::vector<int64_t>& shape, double eps,
+                             double scale, const std::vector<int64_t>& taps, std::vector<at::Tensor>* tapped) {
   TORCH_CHECK(x.dim() == 3 && shape.size() == 4, "packed_blocks: x must be (B, T, D), shape (H, Hkv, hd, F)");
   const int64_t L = k_cache.size(0), B = x.size(0), T = x.size(1), D = x.size(2);
   const int64_t H = shape[0], Hkv = shape[1], hd = shape[2], F = shape[3];
@@ -61,6 +64,29 @@ at::Tensor packed_blocks(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tenso
     x = x + lkb::linear(y.transpose(1, 2).reshape({B, T, q_dim}), w + 2 + lkb::PER_LINEAR, D);
     auto gate_up = lkb::linear(rms_norm(x, w[1], eps), w + 2 + 2 * lkb::PER_LINEAR, 2 * F);
     x = x + lkb::linear(silu_mul(gate_up), w + 2 + 3 * lkb::PER_LINEAR, D);
+    if (std::find(taps.begin(), taps.end(), l) != taps.end()) tapped->push_back(x);   // x is never written again
   }
   return x;
+}
+
+at::Tensor packed_blocks(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor k_cache, at::Tensor v_cache,
+                         int64_t length, c10::optional<at::Tensor> mask, std::vector<at::Tensor> layers,
+                         std::vector<int64_t> shape, double eps, double scale) {
+  return run_blocks(x, cos, sin, k_cache, v_cache, length, mask, layers, shape, eps, scale, {}, nullptr);
+}
+
+// packed_blocks, and the outputs of layers `taps` (ascending): [tap outputs..., the last layer's output]
+std::vector<at::Tensor> packed_blocks_taps(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor k_cache,
+                                           at::Tensor v_cache, int64_t length, c10::optional<at::Tensor> mask,
+                                           std::vector<at::Tensor> layers, std::vector<int64_t> shape, double eps,
+                                           double scale, std::vector<int64_t> taps) {
+  TORCH_CHECK(std::is_sorted(taps.begin(), taps.end()) && std::adjacent_find(taps.begin(), taps.end()) == taps.end()
+              && (taps.empty() || (taps.front() >= 0 && taps.back() < k_cache.size(0))),
+              "packed_blocks_taps: taps must be distinct layers in ascending order, below the model's ",
+              k_cache.size(0));
+  std::vector<at::Tensor> out;                                             // the taps, in order
+  const at::Tensor last =
+      run_blocks(x, cos, sin, k_cache, v_cache, length, mask, layers, shape, eps, scale, taps, &out);
+  out.push_back(last);
+  return out;
 }

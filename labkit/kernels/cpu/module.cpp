@@ -19,6 +19,11 @@ torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor packed_blocks(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                             torch::Tensor v_cache, int64_t length, c10::optional<torch::Tensor> mask,
                             std::vector<torch::Tensor> layers, std::vector<int64_t> shape, double eps, double scale);
+std::vector<torch::Tensor> packed_blocks_taps(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+                                              torch::Tensor k_cache, torch::Tensor v_cache, int64_t length,
+                                              c10::optional<torch::Tensor> mask, std::vector<torch::Tensor> layers,
+                                              std::vector<int64_t> shape, double eps, double scale,
+                                              std::vector<int64_t> taps);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_linear", &pack_linear, "pack an (N, K) weight once for packed_linear");
@@ -35,4 +40,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope", &rope, "rotary position embedding of (B, H, T, hd)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused (..., 2F) gate-up projection");
   m.def("packed_blocks", &packed_blocks, "every decoder block of one forward, the packed path's kernels in one call");
+  m.def("packed_blocks_taps", &packed_blocks_taps, "packed_blocks and some layers' outputs (EAGLE-3's taps)");
 }
