@@ -13,7 +13,8 @@ linear kinds in every layer, its fused norm, RoPE, SwiGLU and attention; on pack
 fewer rows than it sends to oneDNN), a plain `KVCache`, no forward hooks on the layers, a head size
 the attention kernel is built for. Anything else (the compiled loops' static cache, a ragged batch
 cache, a hook that must see every layer) runs the modules as written. `use_fused(model, False)`
-turns it off, to compare the two.
+turns it off, to compare the two. `FusedBlocks.with_taps` returns some blocks' outputs too, for
+EAGLE-3's target (`adapters.layer_taps`).
 """
 from __future__ import annotations
 
