@@ -60,7 +60,7 @@ void store_block(float* acc, int64_t M, int64_t width, int64_t n0, int64_t cols,
 
 namespace lk4 {
 
-constexpr int NBQ = 16;           // output columns per packed block: two vectors of 8 int32 / fp32 lanes
+constexpr int NBQ = 16;           // output columns per packed block: two vectors of 8 lanes, or one of 16
 constexpr int GROUP = 32;         // k per scale (weights) and per activation scale
 constexpr int QUADS = GROUP / 4;  // 32-byte k steps per group
 constexpr int GC = 4;             // groups per chunk: 1 KB of weights, reused from L1 by each row tile
@@ -69,7 +69,7 @@ constexpr bool VNNI = true;
 #else
 constexpr bool VNNI = false;
 #endif
-// 512-bit code where the CPU has AVX-512 VNNI: a quad's 16 columns x 4 k in one register, one vpdpbusd a row
+// 512-bit code where the CPU has AVX-512 VNNI (tile512): a quad's 16 columns x 4 k in one register
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define LK4_ZMM 1
 constexpr int MRQ = 8;            // rows per register tile: 8 sums + 8 accumulators + the weights, of 32 registers
