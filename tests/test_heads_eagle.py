@@ -49,6 +49,38 @@ def test_greedy_eagle_decoding_equals_autoregressive(tiny_target, top_k, depth, 
     assert len(step.proposed) <= budget and max(torch.tensor(step.parents).tolist()) < len(step.proposed)
 
 
+def test_a_windowed_head_reads_the_sinks_and_the_last_pairs_of_a_long_prompt(tiny_target):
+    """window=W: the first proposal reads pairs 0..sinks-1 and the last W, each at its own position (what a head
+    fed exactly those pairs computes); a short catch-up after it reads every pair; the output stays the target's."""
+    torch.manual_seed(1)
+    tokens = torch.randint(0, tiny_target.vocab_size, (41,))
+    with torch.no_grad():
+        feats = tiny_target.hidden(tokens[None, :40], tiny_target.new_cache())[0]              # (40, D)
+    head = tiny_head(tiny_target)
+    drafter = EagleDrafter(head, tiny_target, top_k=2, depth=3, window=8, sinks=2)
+    drafter.start(tokens[:40], feats)
+    proposal = drafter.propose(tokens, 6, SamplingConfig())
+    assert proposal.tokens.numel() == 6
+    assert drafter.cache.length == 2 + 8 + 2 * 2                        # the pairs read + two fed levels of top_k
+    read = torch.cat([torch.arange(2), torch.arange(32, 40)])                                  # (10,) pair indices
+    with torch.no_grad():
+        ref = head(feats[read][None], tiny_target.embed_tokens(tokens[read + 1])[None], head.new_cache(64),
+                   read[None])[0, -1]
+    torch.testing.assert_close(drafter.f_next, ref)
+    drafter.commit(41, feats[-1:])                                          # one more pair: read, not skipped
+    drafter.propose(torch.cat([tokens, tokens[:1]]), 1, SamplingConfig())
+    assert (drafter.skipped, drafter.cache.length) == (30, 11)
+    prompt = tokens[:30]
+    whole = EagleDrafter(tiny_head(tiny_target), tiny_target, top_k=3, depth=3)
+    windowed = EagleDrafter(tiny_head(tiny_target), tiny_target, top_k=3, depth=3, window=6)
+    ref_tokens = autoregressive_generate(tiny_target, prompt, 24).tokens
+    for drafter in (whole, windowed):
+        assert tree_generate(tiny_target, drafter, prompt, 24, budget=8).tokens == ref_tokens
+    assert windowed.skipped == 30 - 1 - 4 - 6 and whole.skipped == 0
+    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+        EagleDrafter(head, tiny_target, window=0)
+
+
 def test_sampled_eagle_decoding_runs_and_stops(tiny_target):
     drafter = EagleDrafter(tiny_head(tiny_target), tiny_target, top_k=3, depth=3)
     out = tree_generate(tiny_target, drafter, torch.tensor([3, 4, 5]), 20, budget=8,

@@ -69,6 +69,22 @@ def test_bench_head_methods_are_exact_on_the_real_target(setup, name):
     assert 0 < result.target_forwards < len(result.tokens)          # some forward committed more than one token
 
 
+def test_an_eagle3_head_reading_a_window_of_a_long_prompt_is_exact_on_the_real_target(setup):
+    """The bench's heads read 4 + HEAD_WINDOW pairs of a long prompt: the output stays plain decoding's."""
+    from labkit.bench.questions import read_questions
+    from labkit.core.shipped import shipped
+    from labkit.drafters.eagle import HEAD_WINDOW
+    target, _, _ = setup
+    question = read_questions(shipped("questions", "long_prompts.jsonl"), categories=["rag"])[0]
+    ids = encode_prompt(target.tokenizer, question.prompt, chat_template=True)              # 479 tokens
+    plain = autoregressive_generate(target.model, ids, 16, eos_token_ids=target.eos_token_ids)
+    eagle3, vocab3, _ = load_eagle3(REPO_HEADS / "eagle3-qwen2.5-coder-1.5b", target.model)
+    drafter = EagleDrafter(eagle3, target.model, vocab3, top_k=8, depth=6, window=HEAD_WINDOW)
+    out = tree_generate(target.model, drafter, ids, 16, budget=16, eos_token_ids=target.eos_token_ids)
+    assert out.tokens == plain.tokens
+    assert drafter.skipped == ids.numel() - 1 - 4 - HEAD_WINDOW                  # the prompt's middle, never read
+
+
 def test_sampling_over_an_eagle_tree_runs_on_the_real_target(setup):
     target, ids, _ = setup
     drafter, budget = drafters(target.model)["eagle-tree"]

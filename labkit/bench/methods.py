@@ -247,10 +247,13 @@ _VERIFY_CURVES: dict[int, dict[int, float]] = {}     # target model id -> its ve
 
 
 def _verify_curve(m: Models) -> dict[int, float]:
+    return verify_curve(m.target.model)
+
+
+def verify_curve(model) -> dict[int, float]:
     """This machine's t(T)/t(1) for the target, T = 1..64, 256 cached tokens (a few seconds, once a process)."""
     from ..bench.verify_cost import TOKENS
     from ..models.calibrate import time_forwards
-    model = m.target.model
     if id(model) not in _VERIFY_CURVES:
         t = time_forwards(model, 256, TOKENS, repeats=3, progress=False)
         _VERIFY_CURVES[id(model)] = {T: t[T] / t[1] for T in TOKENS}
@@ -316,14 +319,15 @@ def _check_heads_target(m: Models) -> None:
 
 
 def _eagle(top_k: int, depth: int, kind: str = "eagle"):
-    """The shipped EAGLE-1 head (kind "eagle") or EAGLE-3 head ("eagle3"), drafting a tree or a chain."""
+    """The shipped EAGLE-1 head (kind "eagle") or EAGLE-3 head ("eagle3"), drafting a tree or a chain; of a long
+    prompt it reads the first 4 pairs and the last HEAD_WINDOW (drafters/eagle.py)."""
     def make(m: Models):
         _check_heads_target(m)
-        from ..drafters.eagle import EagleDrafter
+        from ..drafters.eagle import HEAD_WINDOW, EagleDrafter
         from ..models.eagle_heads import load_eagle, load_eagle3
         head, vocab, _ = (load_eagle3 if kind == "eagle3" else load_eagle)(
             shipped("heads", f"{kind}-qwen2.5-coder-1.5b"), m.target.model)
-        return EagleDrafter(head, m.target.model, vocab, top_k=top_k, depth=depth)
+        return EagleDrafter(head, m.target.model, vocab, top_k=top_k, depth=depth, window=HEAD_WINDOW)
     return make
 
 

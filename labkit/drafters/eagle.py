@@ -15,6 +15,15 @@ of the target, and the tree reads it once per depth. The drafter therefore score
 vocabulary*, the tokens the target actually produced on the training corpus (EAGLE-3 does the
 same with its `d2t` map); tokens outside it are never drafted, which costs acceptance, never
 exactness: the target verifies every node with its full vocabulary.
+
+Nor need the head read a long prompt whole. With `window=W` a catch-up of more than `sinks` + W committed
+pairs (the prompt, at the first proposal) reads the first `sinks` pairs and the last W only, each at its
+own position, so the head's first proposal costs the same whatever the prompt's length; the pairs it
+skipped are never read. The target verifies against everything, so the output is unchanged; only how
+often the head is right can change. The bench and the command line read HEAD_WINDOW pairs: on an AVX-512 EPYC
+the head's first reading of a 955-token prompt cost 0.098 s whole and 0.038 s with 4 + 256 pairs, and on
+long-prompt questions the head's trees were no more often right reading them whole
+(data/bench/head_window_amd-epyc-zen5.md).
 """
 from __future__ import annotations
 
@@ -26,6 +35,8 @@ from ..models.eagle_heads import EagleHead
 from ..models.transformer import Transformer
 from .base import Drafter, Proposal
 
+HEAD_WINDOW = 256          # pairs of a long prompt the bench's and the command line's heads read, besides 4 sinks
+
 
 class EagleDrafter(Drafter):
     """EAGLE-2 dynamic-tree drafting (or a chain with top_k=1) on the target's features."""
@@ -35,10 +46,18 @@ class EagleDrafter(Drafter):
     best_first = True          # nodes come best first (see _best_subtree): the first n are the tree of budget n
 
     def __init__(self, head: EagleHead, target: Transformer, draft_vocab: torch.Tensor | None = None,
-                 top_k: int = 8, depth: int = 6):
+                 top_k: int = 8, depth: int = 6, window: int | None = None, sinks: int = 4):
+        """window: at most this many pairs of a long catch-up (the prompt) besides the first `sinks` are read
+        (None: every pair)."""
         if top_k < 1 or depth < 1:
             raise ValueError(f"top_k and depth must be >= 1, got top_k={top_k}, depth={depth}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be an integer >= 1 (pairs the head reads of a long prompt) or None for "
+                             f"all of them, got {window!r}")
+        if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+            raise ValueError(f"sinks must be an integer >= 0 (the first pairs the head keeps), got {sinks!r}")
         self.head, self.target, self.top_k, self.depth = head, target, top_k, depth
+        self.window, self.sinks = window, sinks
         if draft_vocab is None:
             draft_vocab = torch.arange(target.vocab_size)
         self.draft_vocab = draft_vocab.long().to(target.device)                         # (Vd,) ids in the target's vocab
@@ -58,7 +77,8 @@ class EagleDrafter(Drafter):
         self.pending = [features.clone()]          # target features the head has not read yet, (m, D) each
         self.n_features = features.shape[0]        # L: every committed position's feature so far
         self.cache = self.head.new_cache(self.target.max_seq_len)
-        self.n_pairs = 0                                                                # committed pairs in the head's cache
+        self.n_pairs = 0                                                                # committed pairs accounted for
+        self.skipped = 0                                                                # of them, never read (window)
 
     def commit(self, n_cached, features=None):
         self.pending.append(features)              # kept until the next proposal reads them (no copy of them all)
@@ -70,13 +90,16 @@ class EagleDrafter(Drafter):
         if L == 0:                                                                     # a one-token prompt: no feature yet
             return Proposal.empty(tokens)
         # 1. Catch up on the committed pairs (f_t, x_{t+1}), t = n_pairs .. L-1, dropping last step's tree
-        self.cache.truncate(self.n_pairs)
+        self.cache.truncate(self.n_pairs - self.skipped)
         if L > self.n_pairs:                                                           # (else: a second proposal)
-            new = torch.arange(self.n_pairs, L)
+            new = self._unread(L)                                                      # (m,) pair indices to read
             embeds = self.target.embed_tokens(tokens[new + 1].to(dev))                  # (m, D)
-            context = self.head.context(torch.cat(self.pending))                       # (m, D) features n_pairs..L-1
+            pending = torch.cat(self.pending)                                          # features n_pairs..L-1
+            context = self.head.context(pending[new - self.n_pairs])                   # (m, D)
             self.pending = []
-            self.f_next = self.head(context[None], embeds[None], self.cache)[0, -1]     # (D,) predicts x_{L+1}
+            self.skipped += L - self.n_pairs - new.numel()
+            self.f_next = self.head(context[None], embeds[None], self.cache,
+                                    new[None].to(dev))[0, -1]                          # (D,) predicts x_{L+1}
             self.n_pairs = L
         f_hat = self.f_next
         # 2. Grow the tree depth by depth, expanding the top_k best nodes of each layer (EAGLE-2)
@@ -89,7 +112,7 @@ class EagleDrafter(Drafter):
         layer_f = f_hat.expand(k, -1)                                                  # (k, D) feature that chose them
         slot_of = torch.full((k,), -1)                                                 # (n_nodes,) tree slot of each fed node
         slot_parents = torch.empty(0, dtype=torch.long)                                # (n_fed,) parent slot of each tree slot
-        n_nodes = k
+        n_nodes, n_read = k, self.n_pairs - self.skipped                                # n_read: pairs in the cache
         for d in range(1, min(self.depth, budget)):     # a tree of `budget` nodes is never deeper than that
             # feed the layer's pairs (feature that chose the node, node token) at position L-1+d, each
             # seeing the committed pairs, its ancestors' slots and itself: the fed nodes' tree mask
@@ -98,8 +121,8 @@ class EagleDrafter(Drafter):
             layer_parents = parents[layer]                                             # (k,)
             slot_parents = torch.cat([slot_parents, torch.where(layer_parents >= 0, slot_of[layer_parents.clamp(min=0)], -1)])
             fed = Tree(slot_parents)
-            mask = torch.cat([torch.ones(layer.numel(), self.n_pairs, dtype=torch.bool),
-                              fed.mask[-layer.numel():]], dim=1)                      # (k, n_pairs + n_fed)
+            mask = torch.cat([torch.ones(layer.numel(), n_read, dtype=torch.bool),
+                              fed.mask[-layer.numel():]], dim=1)                      # (k, n_read + n_fed)
             node_tokens = torch.cat(all_tokens)[layer]                                 # (k,)
             positions = torch.full((1, layer.numel()), L - 1 + d, device=dev)
             out = self.head(layer_f[None], self.target.embed_tokens(node_tokens.to(dev))[None], self.cache,
@@ -124,6 +147,14 @@ class EagleDrafter(Drafter):
         new_index[keep] = torch.arange(keep.numel())
         kept_parents = torch.where(parents_[keep] >= 0, new_index[parents_[keep].clamp(min=0)], -1)
         return Proposal(tokens_[keep], None, scores_[keep].exp(), Tree(kept_parents))
+
+    def _unread(self, L: int) -> torch.Tensor:
+        """The committed pairs (m,) to read now, of n_pairs .. L-1: all of them, or with a window and more than
+        `sinks` + window of them, those among the first `sinks` pairs and the last `window`."""
+        new = torch.arange(self.n_pairs, L)
+        if self.window is None or new.numel() <= self.sinks + self.window:
+            return new
+        return torch.cat([new[new < self.sinks], new[-self.window:]])
 
 
 def _best_subtree(parents: torch.Tensor, depth: torch.Tensor, scores: torch.Tensor, budget: int) -> torch.Tensor:

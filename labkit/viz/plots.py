@@ -131,14 +131,14 @@ def per_position_acceptance(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 
 # ---- a run's summary read from data/bench: the draft's window ----
 
-def plot_window_curve(summary: list[dict], ax_accept, ax_speed):
+def plot_window_curve(summary: list[dict], ax_accept, ax_speed, drafter: str = "draft"):
     """Acceptance, and speed over plain decoding (over all the questions, and the slowest question), against
-    the draft's window; `summary`: scripts/draft_window.py's rows, {"window", "acceptance", "speedup",
+    the drafter's window; `summary`: scripts/draft_window.py's rows, {"window", "acceptance", "speedup",
     "worst_question"}."""
     labels = [str(r["window"]) for r in summary]
     ax_accept.bar(labels, [r["acceptance"] for r in summary], color=COLOURS["draft"])
-    ax_accept.set(xlabel="draft window (tokens read besides the first 4)", ylabel="acceptance rate", ylim=(0, 1),
-                  title="how often the draft is right")
+    ax_accept.set(xlabel=f"{drafter} window (tokens read besides the first 4)", ylabel="acceptance rate",
+                  ylim=(0, 1), title=f"how often the {drafter} is right")
     ax_speed.plot(labels, [r["speedup"] for r in summary], "o-", color=COLOURS["target"],
                   label="all questions (prefill included)")
     ax_speed.plot(labels, [r["worst_question"] for r in summary], "s--", color=COLOURS["rejected"],
@@ -147,6 +147,6 @@ def plot_window_curve(summary: list[dict], ax_accept, ax_speed):
     ax_speed.annotate("plain decoding", (len(labels) - 1, 1.0), xytext=(0, 3), textcoords="offset points",
                       ha="right", fontsize=9, color="grey")
     top = max(max(r["speedup"], r["worst_question"]) for r in summary)
-    ax_speed.set(xlabel="draft window", ylabel="× plain decoding", ylim=(0, 1.25 * max(top, 1.0)), title="speed")
+    ax_speed.set(xlabel=f"{drafter} window", ylabel="× plain decoding", ylim=(0, 1.25 * max(top, 1.0)), title="speed")
     ax_speed.legend(fontsize=9, loc="lower left")
     return ax_speed
