@@ -94,7 +94,8 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--limit", type=int, default=None, help="the first N questions only")
-    ap.add_argument("--out", default=None, help="default: data/bench/draft_window_<machine>")
+    ap.add_argument("--out", default=None,
+                    help="default: data/bench/draft_window_<machine> (head_window_<machine> for --drafter eagle3)")
     ap.add_argument("--windows", default=None,
                     help="comma-separated: token counts, 'all' (the whole context), 'auto' (the draft only; default: "
                          f"{','.join('all' if w is None else str(w) for w in WINDOWS)}, for the head "
@@ -178,7 +179,8 @@ def summary(rows: list[dict]) -> list[dict]:
 
 def markdown(result: dict) -> str:
     m, facts = result["machine"], result["ran_on"]
-    prompts = [r["prompt_tokens"] for r in result["rows"] if r["window"] is None]
+    first = result["rows"][0]["window"]                                # every question ran every window
+    prompts = [r["prompt_tokens"] for r in result["rows"] if r["window"] == first]
     heads = result.get("drafter") == "eagle3"
     who = "the EAGLE-3 head" if heads else "the draft"
     lines = [f"# How much context {'the EAGLE-3 head' if heads else 'a draft model'} reads: acceptance and speed "
