@@ -8,6 +8,12 @@ them, timed for M = 1 .. 64 rows (a verify of M tokens). Where the CPU has AMX, 
 the tile unit; `int4_use_amx(False)` sends them to the vector code (VNNI or AVX2) for comparison; the
 two give the same bits (tests/test_cpu_kernels.py). The bandwidth line is the packed bytes over the
 measured copy bandwidth. Rows take turns (round robin) and the best of `--repeats` counts.
+
+The same number of weights again from the cache (`--in-cache`, the vector code): the block's largest layer
+(gate/up, 15.5 MB packed, within the last-level cache of the CPUs here) called over and over until it has
+multiplied as many weights as the pass above. That pass streams nothing from memory, so its time is the
+arithmetic's (and the cache's feed): what M rows cost a CPU whose memory were free. Where it exceeds
+1.3 x the streamed pass of one row, no blocking of the work makes t(8)/t(1) <= 1.3 on that CPU.
 """
 from __future__ import annotations
 
@@ -46,6 +52,22 @@ def layers(n_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
     return out
 
 
+def in_cache_layers(weights) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
+    """One gate/up layer, repeated to multiply as many weights as `weights` hold: a pass fed from the cache."""
+    gate_up = next(w for w in weights if (w[2], w[3]) == BLOCK[2])
+    total = sum(n * k for _, _, n, k in weights)
+    return [gate_up] * round(total / (gate_up[2] * gate_up[3]))
+
+
+def last_level_cache() -> int | None:
+    """Bytes of the CPU's last-level cache (Linux sysfs), None where it does not say."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip()
+        sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
+    return max(sizes, default=None)
+
+
 def time_rows(weights, rows: tuple[int, ...], repeats: int, amx: bool) -> dict[int, float]:
     """Best-of-`repeats` seconds of one pass over every layer, per row count (rows take turns)."""
     kernels = cpu.load()
@@ -69,6 +91,9 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=28, help="transformer blocks' worth of layers")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "data/bench"))
+    ap.add_argument("--in-cache", action="store_true",
+                    help="time the vector code on the same number of weights from the cache too (the arithmetic)")
+    ap.add_argument("--name", default=None, help="output name (default int4_kernel_<cpu>_<isa>)")
     a = ap.parse_args()
     m, load0 = machine(), load_average()
     weights = layers(a.blocks)
@@ -78,12 +103,18 @@ def main() -> None:
     runs = {"vector": time_rows(weights, ROWS, a.repeats, amx=False)}
     if kernels.int4_amx():
         runs["amx"] = time_rows(weights, ROWS, a.repeats, amx=True)
+    cached = in_cache_layers(weights)
+    if a.in_cache:
+        runs["cached"] = time_rows(cached, ROWS, a.repeats, amx=False)
     line = nbytes / bandwidth.value
-    code = {"vector": "vector code (VNNI)" if kernels.int4_vnni() else "vector code (AVX2)", "amx": "AMX tiles"}
+    vector = "vector code (VNNI)" if kernels.int4_vnni() else "vector code (AVX2)"
+    code = {"vector": vector, "amx": "AMX tiles", "cached": f"{vector}, weights from the cache"}
     rows = [{"code": code[name], "rows": M, "ms": t * 1e3, "ratio": t / times[1], "vs_line": t / line}
             for name, times in runs.items() for M, t in times.items()]
     facts = {"cpu": m["cpu"], "isa": isa_label(m), "threads": m["threads"], "torch": m["torch"], "blocks": a.blocks,
              "packed_bytes": nbytes, "bandwidth": {"value": bandwidth.value, "source": bandwidth.source},
+             "in_cache": {"layer_bytes": cached[0][0].numel() + 2 * cached[0][1].numel(), "calls": len(cached),
+                          "last_level_cache": last_level_cache()} if a.in_cache else None,
              "load_average": {"before": load0, "after": load_average()},
              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     table = "\n".join(markdown_table(rows, {"code": "{code}", "rows M": "{rows}", "ms": "{ms:.1f}",
@@ -94,7 +125,7 @@ def main() -> None:
           f"weights ({nbytes / 1e9:.2f} GB packed), one call per layer, best of {a.repeats}. Bandwidth line: "
           f"{line * 1e3:.1f} ms (the packed bytes / {bandwidth.value / 1e9:.1f} GB/s, {bandwidth.source}). "
           "t(M)/t(1) is against each code's own one-row time; one row always runs the vector code.\n\n"
-          + table + "\n")
+          + table + "\n" + (floor_sentences(runs, facts) if a.in_cache else ""))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, times in runs.items():
         ax.plot(list(times), [t * 1e3 for t in times.values()], "o-", label=code[name])
@@ -103,8 +134,26 @@ def main() -> None:
            title=f"int4 linear layers, {m['cpu']} ({isa_label(m)})")
     ax.set_xticks(ROWS, [str(r) for r in ROWS])
     ax.legend()
-    write_outputs(Path(a.out) / f"int4_kernel_{machine_slug(m)}", {"facts": facts, "rows": rows}, md, fig)
+    write_outputs(Path(a.out) / (a.name or f"int4_kernel_{machine_slug(m)}"), {"facts": facts, "rows": rows}, md, fig)
     print(md)
+
+
+def floor_sentences(runs: dict[str, dict[int, float]], facts: dict) -> str:
+    """What the pass from the cache says about the streamed one: the arithmetic of 8 rows against 1 row's stream."""
+    c, llc = facts["in_cache"], facts["in_cache"]["last_level_cache"]
+    streamed, cached = runs["vector"], runs["cached"]
+    floor = cached[8] / streamed[1]
+    where = f"its {llc / 2**20:.0f} MiB last-level cache" if llc else "the cache"
+    verdict = ("more than 1.3: with memory this fast no blocking of the work brings the vector code's t(8)/t(1) to "
+               "1.3 on this CPU; only fewer integer operations a row would (or a CPU with more of them a cycle: "
+               "AMX tiles)" if floor > 1.3 else
+               "at most 1.3: memory this slow leaves the arithmetic room to hide under one row's stream")
+    return (f"\nFrom the cache (the gate/up layer, {c['layer_bytes'] / 2**20:.1f} MiB, within {where}, called "
+            f"{c['calls']} times): 8 rows take {cached[8] * 1e3:.1f} ms and 1 row {cached[1] * 1e3:.1f} ms, so each "
+            f"row past the first costs {(cached[8] - cached[1]) / 7 * 1e3:.2f} ms of arithmetic. The 8 rows' "
+            f"arithmetic alone is {floor:.2f} x the streamed pass of one row ({streamed[1] * 1e3:.1f} ms), "
+            f"{verdict}; streamed, 8 rows took {streamed[8] * 1e3:.1f} ms "
+            f"({streamed[8] / streamed[1]:.2f} x).\n")
 
 
 if __name__ == "__main__":

@@ -103,14 +103,22 @@ def test_eagle3_layer_taps_run_fused_with_the_bits_of_the_modules(precision, mon
 
 def test_a_hook_on_a_layer_runs_the_modules_and_sees_them():
     model = packed("int4")
+    fused_run = model(PROMPT[None], model.new_cache())                # builds the fused blocks before any hook
+    x, cache = model.embed_tokens(PROMPT[None]), model.new_cache()
+    assert fused_blocks(model).applies(x, cache)
     seen = []
     hook = model.layers[1].mlp.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    pre = model.layers[0].self_attn.qkv_proj.register_forward_pre_hook(lambda mod, args: seen.append("qkv"))
     try:
+        assert not fused_blocks(model).applies(x, cache)                # hooks added after the blocks were gathered
         with_hook = model(PROMPT[None], model.new_cache())
     finally:
         hook.remove()
-    assert seen == [(1, len(PROMPT), SHAPE["dim"])]
-    assert torch.equal(with_hook, model(PROMPT[None], model.new_cache()))   # the fused run, after the hook is gone
+        pre.remove()
+    assert seen == ["qkv", (1, len(PROMPT), SHAPE["dim"])]
+    assert fused_blocks(model).applies(x, cache)                        # the hooks gone, the blocks run fused again
+    assert torch.equal(with_hook, fused_run)
+    assert torch.equal(with_hook, model(PROMPT[None], model.new_cache()))
 
 
 def test_what_cannot_run_fused_says_why_and_runs_the_modules():

@@ -33,6 +33,9 @@ class FusedBlocks:
     def __init__(self, model):
         args = model.args
         self.modules = [m for layer in model.layers for m in layer.modules()]   # whose hooks the modules' way runs
+        # each module's own hook dicts (torch adds to and removes from these same dicts), gathered once: checking
+        # them is then one C-level pass, not a Python loop over some 300 modules (0.3 ms a forward on a 2-core EPYC)
+        self.hook_dicts = [d for m in self.modules for d in (m._forward_hooks, m._forward_pre_hooks)]
         self.shape = [args.n_heads, args.n_kv_heads, args.head_dim, args.hidden_dim]
         self.eps = args.norm_eps
         self.scale = args.head_dim ** -0.5                     # as KernelAttention's kernel is called from Python
@@ -61,7 +64,7 @@ class FusedBlocks:
         return (type(cache) is KVCache and cache.k.dtype == x.dtype and not x.requires_grad
                 and (self.max_rows is None or x.shape[0] * x.shape[1] <= self.max_rows)
                 and not (_global_forward_hooks or _global_forward_pre_hooks)
-                and not any(m._forward_hooks or m._forward_pre_hooks for m in self.modules))
+                and not any(self.hook_dicts))
 
 
 def _layer_tensors(layer) -> list[torch.Tensor]:
