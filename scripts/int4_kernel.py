@@ -10,7 +10,7 @@ two give the same bits (tests/test_cpu_kernels.py). The bandwidth line is the pa
 measured copy bandwidth. Rows take turns (round robin) and the best of `--repeats` counts.
 
 The same number of weights again from the cache (`--in-cache`, the vector code): the block's largest layer
-(gate/up, 15.5 MB packed, within the last-level cache of the CPUs here) called over and over until it has
+(gate/up, 16.4 MiB packed with its scales, within the last-level cache of the CPUs here) called over and over until it has
 multiplied as many weights as the pass above. That pass streams nothing from memory, so its time is the
 arithmetic's (and the cache's feed): what M rows cost a CPU whose memory were free. Where it exceeds
 1.3 x the streamed pass of one row, no blocking of the work makes t(8)/t(1) <= 1.3 on that CPU.
@@ -103,8 +103,8 @@ def main() -> None:
     runs = {"vector": time_rows(weights, ROWS, a.repeats, amx=False)}
     if kernels.int4_amx():
         runs["amx"] = time_rows(weights, ROWS, a.repeats, amx=True)
-    cached = in_cache_layers(weights)
-    if a.in_cache:
+    cached = in_cache_layers(weights) if a.in_cache else None
+    if cached:
         runs["cached"] = time_rows(cached, ROWS, a.repeats, amx=False)
     line = nbytes / bandwidth.value
     vector = "vector code (VNNI)" if kernels.int4_vnni() else "vector code (AVX2)"
@@ -114,7 +114,7 @@ def main() -> None:
     facts = {"cpu": m["cpu"], "isa": isa_label(m), "threads": m["threads"], "torch": m["torch"], "blocks": a.blocks,
              "packed_bytes": nbytes, "bandwidth": {"value": bandwidth.value, "source": bandwidth.source},
              "in_cache": {"layer_bytes": cached[0][0].numel() + 2 * cached[0][1].numel(), "calls": len(cached),
-                          "last_level_cache": last_level_cache()} if a.in_cache else None,
+                          "last_level_cache": last_level_cache()} if cached else None,
              "load_average": {"before": load0, "after": load_average()},
              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     table = "\n".join(markdown_table(rows, {"code": "{code}", "rows M": "{rows}", "ms": "{ms:.1f}",
@@ -125,7 +125,7 @@ def main() -> None:
           f"weights ({nbytes / 1e9:.2f} GB packed), one call per layer, best of {a.repeats}. Bandwidth line: "
           f"{line * 1e3:.1f} ms (the packed bytes / {bandwidth.value / 1e9:.1f} GB/s, {bandwidth.source}). "
           "t(M)/t(1) is against each code's own one-row time; one row always runs the vector code.\n\n"
-          + table + "\n" + (floor_sentences(runs, facts) if a.in_cache else ""))
+          + table + "\n" + (floor_sentences(runs, facts) if cached else ""))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, times in runs.items():
         ax.plot(list(times), [t * 1e3 for t in times.values()], "o-", label=code[name])
