@@ -50,14 +50,14 @@ def main() -> None:
     config = BenchConfig(questions=a.question_file, out=a.out, methods=names, dtype=a.dtype, backend="packed",
                          threads=a.threads)
     models = load_models(config, progress=False)
-    runs = {n: METHODS[n].build(models, 64, 4, 10) for n in names}
+    runs = {n: METHODS[n].build(models, config.max_new_tokens, config.gamma, config.lookup_tokens) for n in names}
+    prompts = {q.question_id: encode(models, q, config.chat_template) for q in questions}
     best: dict[tuple[str, str], dict] = {}
     for r in range(a.rounds):
         for q in questions:
-            ids = encode(models, q, True)
             for name in (names if r % 2 == 0 else names[::-1]):
                 t0 = time.perf_counter()
-                trace = runs[name](ids).generation.trace
+                trace = runs[name](prompts[q.question_id]).generation.trace
                 wall = time.perf_counter() - t0
                 plain = all(not s.proposed for s in trace.steps)
                 decode = (wall - trace.prefill_time) / len(trace.steps)
