@@ -5,10 +5,12 @@ from test_tree_budget import PROMPT, STEP_CURVE, Oracle
 
 from labkit import autoregressive_generate, speculative_generate, tree_generate
 from labkit.core.adaptive import CostAwareGamma
+from labkit.core.sampling import GREEDY, SamplingConfig
 from labkit.core.shadow import Shadow
 from labkit.core.trace import Step
 from labkit.core.tree import Tree
 from labkit.core.tree_budget import CostAwareBudget, FixedBudget
+from labkit.core.typical import typical_accept_rule
 from labkit.drafters.base import Drafter, Proposal
 
 
@@ -77,6 +79,21 @@ def test_a_shadow_keeps_the_nodes_that_verifying_its_tree_would_keep(tiny_target
         prefix = torch.tensor(answer[:shadow.start])
         verified = tree_generate(tiny_target, drafter, prefix, 8, budget=FixedBudget(5)).trace.steps[0]
         assert verified.path == shadow.path, shadow.start
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=0.8, top_p=0.9)], ids=["greedy", "sampled"])
+def test_a_tree_run_of_plain_steps_is_plain_decoding_token_for_token_sampled_too(tiny_target, sampling):
+    """Every step plain (budget 0) with a shadow proposed before it: the tree loop picks the target's token after the
+    root as plain decoding does, drawing from the same generator, so a seeded sampled run commits the very tokens
+    of a seeded plain run (not only their distribution); Medusa's typical acceptance, greedy, the greedy tokens."""
+    ref = autoregressive_generate(tiny_target, PROMPT, 24, sampling, seed=5)
+    drafter = Sloppy(PROMPT.tolist() + ref.tokens, tiny_target.vocab_size)
+    out = tree_generate(tiny_target, drafter, PROMPT, 24, PlainWithShadows(), sampling, seed=5)
+    assert out.tokens == ref.tokens
+    assert all(not s.proposed and s.asked == 0 for s in out.trace.steps) and out.trace.steps[0].shadow == 5
+    if sampling.greedy:
+        typical = tree_generate(tiny_target, drafter, PROMPT, 24, PlainWithShadows(), accept_rule=typical_accept_rule())
+        assert typical.tokens == ref.tokens
 
 
 def steps_to_drafting(steps, after_tokens: int) -> tuple[int, int]:

@@ -1,4 +1,5 @@
 """The cost-aware tree budget: counterfactual acceptance from one verified tree, and a choice that follows cost."""
+import copy
 import statistics
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from labkit import autoregressive_generate, tree_generate
 from labkit.core.adaptive import VerifyCurve, VerifyTime
 from labkit.core.sampling import GREEDY
+from labkit.core.shadow import Shadow, follow_shadows
 from labkit.core.trace import Step
 from labkit.core.tree_budget import PRIOR_STEPS, PROBE_COST, CostAwareBudget, FixedBudget
 from labkit.drafters.base import Drafter, Proposal
@@ -101,6 +103,35 @@ def test_budget_zero_while_nothing_is_accepted_then_drafting_again_once_it_pays(
 
 
 STEP_CURVE = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.8, 32: 3.4, 64: 6.7}   # flat to 8 tokens, then steep (a CPU)
+
+
+@pytest.mark.parametrize("curve", [None, STEP_CURVE])
+def test_the_reading_of_the_remembered_steps_kept_between_steps_follows_every_change_to_them(curve):
+    """The budget works out what its history says once per change to it: a verified step, a new shadow, a shadow's
+    path growing in place, an old step falling out of the window. After each, and after plain steps that change
+    nothing but the verify seconds, it says what a reading from scratch says, and chooses the same."""
+    policy = CostAwareBudget(max_budget=8, window=4, verify_curve=curve)
+    policy.expect_shadows()
+    shadow = Shadow(start=3, tokens=[7, 5, 8, 9], parents=[-1, -1, 0, 2], seconds=0.01)
+    for i, (budget, path) in enumerate([(0, []), (8, [0, 2]), (0, []), (4, [1]), (0, []), (8, [0, 1, 3]),
+                                        (2, []), (0, []), (8, [0])]):
+        policy.budget()
+        policy.last = budget
+        policy.update(step(budget, path, 0.1 + 0.01 * budget + 0.003 * i, draft=0.002))
+        if i == 2:
+            policy.add_shadow(shadow)
+        if i in (3, 4):                                   # the committed tokens 7, then 8: the shadow's path grows
+            follow_shadows([shadow], [0, 1, 2, 7, 8][:i + 1], policy)
+        assert policy.estimates() == fresh(policy).estimates()
+        assert policy.best() == fresh(policy).best()
+    assert shadow.path == [0, 2] and len(policy.history) == 4             # it grew, and the window dropped steps
+
+
+def fresh(policy: CostAwareBudget) -> CostAwareBudget:
+    """The same policy with no reading of its history kept: it works out what the remembered steps say anew."""
+    copied = copy.copy(policy)
+    copied._remembered = None
+    return copied
 
 
 def test_curve_fit_interpolates_the_measured_curve_and_scales_it_to_the_run():

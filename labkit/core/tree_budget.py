@@ -122,6 +122,7 @@ class CostAwareBudget:
         self.explore_every = self.interval = explore_every
         self.warmup = min(warmup, 1) if verify_curve else warmup
         self.history: deque[tuple[int, int, list[int]]] = deque(maxlen=window)   # (budget, nodes, accepted path)
+        self._remembered: tuple | None = None     # what the history says, until it changes (see expected)
         self.draft_seconds = 0.0
         self.n_steps = self.n_drafted = 0
         self.next_explore = explore_every      # the step that explores next
@@ -155,11 +156,13 @@ class CostAwareBudget:
     def best(self) -> int:
         """The budget with the most expected tokens per second, as the remembered steps say; a tree only where it
         beats a plain step (when allowed) by `margin`."""
-        rates = {n: tokens / seconds for n, tokens, seconds in self.estimates() if n >= self.min_budget}
-        if not rates:
+        n, tokens, seconds = self.expected()
+        allowed = n >= self.min_budget
+        n, rates = n[allowed], tokens[allowed] / seconds[allowed]                  # (K,) tokens a second
+        if not n.size:
             return self.max_budget
-        best = max(rates, key=rates.get)
-        return 0 if 0 in rates and rates[best] < (1 + self.margin) * rates[0] else best
+        best = int(np.argmax(rates))                                                # the first of the fastest
+        return 0 if n[0] == 0 and rates[best] < (1 + self.margin) * rates[0] else int(n[best])
 
     def verify_cost(self, tokens: int) -> float:
         """A verify of `tokens` tokens in this run's seconds, or in the curve's units before any step is timed."""
@@ -203,10 +206,12 @@ class CostAwareBudget:
         self.credit -= shadow.seconds                               # the bank pays what it cost (the first too)
         if shadow.n_nodes:
             self.history.append((self.max_budget, shadow.n_nodes, shadow.path))
+            self._remembered = None
             self._add_draft_seconds(shadow.seconds)
 
     def shadow_grew(self, shadow: Shadow, gained: int) -> None:
-        """Nothing to do: the remembered path is the shadow's own list."""
+        """The remembered path is the shadow's own list, grown in place: what the history says has changed."""
+        self._remembered = None
 
     def _add_draft_seconds(self, seconds: float) -> None:
         self.draft_seconds = 0.9 * self.draft_seconds + 0.1 * seconds if self.n_drafted else seconds
@@ -221,6 +226,7 @@ class CostAwareBudget:
         self.n_steps += 1
         if self.last > 0:
             self.history.append((self.last, nodes, list(step.path or [])))
+            self._remembered = None
             self._add_draft_seconds(step.draft_time)
         if self.exploring:
             self.interval = self.interval * 2 if self.best() == 0 else self.explore_every
@@ -232,9 +238,30 @@ class CostAwareBudget:
         allows it). Node n's gain (it is on the accepted path) is averaged over the steps that would have
         verified it (budget >= n, or fewer nodes because the drafter proposed fewer), and the gains add up: so
         a budget that only the exploring steps reached is judged by its extra nodes alone."""
-        out = [(0, 1.0, max(1e-9, self.verify(1)))] if self.min_budget == 0 else []
+        return [(int(n), float(t), float(c)) for n, t, c in zip(*self.expected())]
+
+    def expected(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`estimates` as arrays (K,) each: budgets, expected tokens, expected seconds. Asked every step, so what
+        the remembered steps say is worked out once after each change to them (a new step, a shadow's path
+        growing); a step that changes nothing (a plain one) only reprices the verifies at this run's seconds."""
+        plain = self.min_budget == 0
+        head = (np.zeros(1, dtype=np.int64), np.ones(1), np.full(1, max(1e-9, self.verify(1)))) if plain else \
+            (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))               # n = 0: one token, one-token verify
         if not self.history:
-            return out
+            return head
+        if self._remembered is None:
+            self._remembered = self._remember()
+        n, tokens, seen, count, verified = self._remembered
+        t_verify = self.verify.table(self.max_budget + 1)                           # (M+1,) k nodes + the root
+        seconds = self.draft_seconds + (t_verify[verified] * seen).sum(0) / np.maximum(count, 1)    # (M,)
+        reach = tokens.size
+        return (np.concatenate([head[0], n[:reach]]), np.concatenate([head[1], tokens]),
+                np.concatenate([head[2], np.maximum(1e-9, seconds[:reach])]))
+
+    def _remember(self) -> tuple[np.ndarray, ...]:
+        """What the remembered steps say, apart from this run's seconds: budgets n (M,), the expected tokens (R,) of
+        the budgets some step says (R <= M), which steps would verify node n-1 (H, M), how many (M,), and how many
+        nodes each would have verified (H, M)."""
         M = self.max_budget
         budget = np.array([b for b, _, _ in self.history])                            # (H,)
         nodes = np.array([n for _, n, _ in self.history])                             # (H,)
@@ -246,10 +273,8 @@ class CostAwareBudget:
         count = seen.sum(0)                                                            # (M,)
         reach = int(np.argmin(count > 0)) if (count == 0).any() else M                 # budgets some step says
         tokens = 1.0 + np.cumsum((kept & seen).sum(0) / (count + self.prior))          # (M,)
-        t_verify = self.verify.table(M + 1)                                          # (M+1,) k nodes + the root
-        cost = t_verify[np.minimum(n[None, :], nodes[:, None])]                       # (H, M)
-        seconds = self.draft_seconds + (cost * seen).sum(0) / np.maximum(count, 1)    # (M,)
-        return out + [(int(m), float(t), max(1e-9, float(c))) for m, t, c in zip(n[:reach], tokens, seconds)]
+        verified = np.minimum(n[None, :], nodes[:, None])                             # (H, M)
+        return n, tokens[:reach], seen, count, verified
 
     def tokens_committed(self, n: int) -> float | None:
         """Expected tokens a step commits with budget n (None: no remembered step says)."""

@@ -28,12 +28,13 @@ from ..core.tree_acceptance import (
     tree_speculative_accept,
 )
 from ..core.tree_budget import CostAwareBudget, FixedBudget
-from ..drafters.base import Drafter, Proposal
+from ..drafters.base import Drafter
 from ..models.target import TreeTarget, as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter, check_sampling
 
 Budget = FixedBudget | CostAwareBudget
+NO_TREE, NO_NODES = Tree(torch.empty(0, dtype=torch.long)), torch.empty(0, dtype=torch.long)   # a plain step's
 
 # An acceptance rule other than the exact ones (Medusa's typical acceptance): (tree, node tokens, logits) -> acceptance
 AcceptRule = Callable[[Tree, torch.Tensor, torch.Tensor], TreeAcceptance]
@@ -75,26 +76,18 @@ class TreeDecoder(Decoder):
         n_cached = self.cache.length - (self.prefill_root is not None)        # the root's slot
         asked = self.budget.budget()
         budget = min(asked, self.max_new_tokens - self.trace.n_generated - 1, self.cache.room() - 1)
-        # 1. Propose: a tree of candidate continuations (none on a plain step, unless one to judge unverified)
+        if budget <= 0:                                   # no tree this step: the target's one token
+            return self.plain_step(n_cached, shadow=asked == 0)
+        # 1. Propose: a tree of candidate continuations
         t0 = time.perf_counter()
-        proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator) \
-            if budget > 0 else Proposal.empty(self.prompt)
-        proposal = proposal.limit(max(budget, 0))
-        shadow = self._shadow(self.budget, self.drafter) if asked == 0 else 0
+        proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator).limit(budget)
         tree, nodes = proposal.as_tree(), proposal.tokens.cpu()                              # (N,)
         # 2. Verify: root + every node in one forward, each node seeing only its ancestors
         t1 = time.perf_counter()
         hidden, logits = self.verify(tree, nodes, n_cached)                              # (1+N, F), (1+N, V)
         t2 = time.perf_counter()
         # 3. Accept: the longest agreeing path plus one token of the target's
-        parent_rows = tree.parents + 1                                                    # (N,) row of each node's parent
-        if self.accept_rule is not None or self.sampling.greedy:
-            acc = (self.accept_rule or greedy_tree_accept)(tree, nodes, logits)
-            p_nodes = token_probs(logits, parent_rows, nodes)                            # (N,), for the trace
-        else:
-            p_target = probs_from_logits(logits, self.sampling)                          # (1+N, V)
-            acc = tree_speculative_accept(tree, nodes, proposal.q_draft, p_target, self.generator)
-            p_nodes = p_target[parent_rows, nodes].tolist()
+        acc, p_nodes = self.accept(tree, nodes, proposal.q_draft, logits)
         if self.drafter.reads_verdict:
             self.drafter.verdict(argmax(logits))                                         # (1+N,)
         # 4. Commit: keep the root and the accepted path in the cache, compacted; drop every other branch
@@ -103,10 +96,42 @@ class TreeDecoder(Decoder):
         self.drafter.commit(n_cached + keep.numel(), hidden[keep.to(hidden.device)])
         new_tokens = self._commit(acc.tokens(nodes))
         step = Step(nodes.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1, p_nodes,
-                    proposal.q_token.tolist(),
-                    parents=tree.parents.tolist(), path=acc.path, asked=budget, shadow=shadow)
+                    proposal.q_token.tolist(), parents=tree.parents.tolist(), path=acc.path, asked=budget)
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
+
+    def plain_step(self, n_cached: int, shadow: bool) -> Step:
+        """A step without a tree (budget 0): the root alone through the target, its token picked as the acceptance
+        of an empty tree picks it (so, the token plain decoding picks), and nothing to compact. With `shadow` (the
+        policy chose the plain step), the drafter may propose unverified first (decoding/base.py). No proposal,
+        tree or path is built for it, so beside plain decoding's step it costs only the budget's choice and the
+        shadows (data/bench/plain_step_cost_amd-epyc-zen5)."""
+        t0 = time.perf_counter()
+        n_shadow = self._shadow(self.budget, self.drafter) if shadow else 0
+        t1 = time.perf_counter()
+        hidden, logits = self.verify(NO_TREE, NO_NODES, n_cached)                       # (1, F), (1, V)
+        t2 = time.perf_counter()
+        acc, _ = self.accept(NO_TREE, NO_NODES, None, logits)
+        if self.drafter.reads_verdict:
+            self.drafter.verdict(argmax(logits))                                         # (1,)
+        self.drafter.commit(n_cached + 1, hidden)            # the cache holds the root already, as plain decoding's
+        new_tokens = self._commit([acc.next_token])
+        step = Step([], 0, acc.next_token, acc.bonus, t1 - t0, t2 - t1, [], [], parents=[], path=[], asked=0,
+                    shadow=n_shadow)
+        self.budget.update(step)
+        return self._record(step, new_tokens, t0)
+
+    def accept(self, tree: Tree, nodes: torch.Tensor, q_draft: torch.Tensor | None,
+               logits: torch.Tensor) -> tuple[TreeAcceptance, list[float]]:
+        """The longest path the target agrees with plus one token of the target's, by the loop's rule (custom,
+        greedy or rejection sampling), and the target's probability of each node (N,), for the trace."""
+        parent_rows = tree.parents + 1                                                    # (N,) row of each node's parent
+        if self.accept_rule is not None or self.sampling.greedy:
+            acc = (self.accept_rule or greedy_tree_accept)(tree, nodes, logits)
+            return acc, token_probs(logits, parent_rows, nodes)
+        p_target = probs_from_logits(logits, self.sampling)                              # (1+N, V)
+        acc = tree_speculative_accept(tree, nodes, q_draft, p_target, self.generator)
+        return acc, p_target[parent_rows, nodes].tolist()
 
     def verify(self, tree: Tree, nodes: torch.Tensor, n_cached: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Features (1+N, F) and logits (1+N, V) of the root (slot n_cached) and the N nodes. On the first step the
