@@ -220,6 +220,36 @@ def test_oracle_row_takes_the_fastest_labkit_method_per_question():
     assert ORACLE not in {r.method for r in aggregate(only_ar)[0]}        # no choice, no oracle
 
 
+def test_the_paired_speedup_is_the_median_of_each_rounds_own_ratio():
+    """Three rounds of two questions. In round 1 the machine ran fast for plain decoding's run of q1 alone: that run
+    is q1's fastest and sets the speedup of fastest runs ((0.6 + 1.0) / (0.9 + 1.0) = 0.84x), while the rounds' own
+    ratios are 1.0, 0.8 and 1.0 (in rounds 0 and 2 the draft's two runs took what plain decoding's did): median 1.0."""
+    from labkit.bench.report import paired_speedup, summarise
+    from labkit.bench.runner import best_runs
+    seconds = {"ar": [(1.0, 1.0), (0.6, 1.0), (1.0, 1.0)], "draft": [(1.0, 1.0), (1.0, 1.0), (0.9, 1.1)]}
+    runs = [record(q, "c1", m, [1, 2, 3, 4], seconds[m][k][i], 4, AR_STEPS) | {"repeat": k}
+            for k in range(3) for i, q in enumerate(("q1", "q2")) for m in ("ar", "draft")]
+    records = best_runs(runs)
+    row = {(r.category, r.method): r for r in aggregate(records)[0]}
+    draft = row["c1", "draft"]
+    assert draft.speedup == pytest.approx(1.6 / 1.9)
+    assert draft.paired_speedup == pytest.approx(1.0)
+    assert (draft.paired_low, draft.paired_high) == (pytest.approx(1.6 / 2.0), pytest.approx(1.0))
+    assert row["c1", "ar"].paired_speedup == pytest.approx(1.0) and row["all", ORACLE].paired_speedup is None
+    md = summarise({"questions": "q.jsonl", "date": "d", "machine": "m", "target": "t", "draft": "d", "dtype": "bf16",
+                    "max_new_tokens": 4, "gamma": 4, "repeats": 3}, aggregate(records)[0], [])
+    assert "| c1 | draft | 2 | 4.21 | 0.84 | 1.00 (0.80-1.00) |" in md and "*× AR paired*" in md
+    # only the rounds every question of both ran count; one such round, or a run of one round, pairs nothing
+    assert paired_speedup([r for r in records if r["method"] == "draft"],
+                          [r for r in records if r["method"] == "ar"]).rounds == 3
+    cut = best_runs([r for r in runs if not (r["repeat"] == 2 and r["question_id"] == "q2")])
+    assert paired_speedup([r for r in cut if r["method"] == "draft"],
+                          [r for r in cut if r["method"] == "ar"]).rounds == 2
+    one = best_runs([r for r in runs if r["repeat"] == 0])
+    assert {r.paired_speedup for r in aggregate(one)[0]} == {None}
+    assert paired_speedup([r for r in one if r["method"] == "draft"], [r for r in one if r["method"] == "ar"]) is None
+
+
 def test_first_difference_and_ideal_edge_cases():
     assert first_difference([1, 2], [1, 2]) is None
     assert first_difference([1, 2], [1, 3]) == 1 and first_difference([1, 2], [1, 2, 3]) == 2

@@ -20,6 +20,11 @@ Definitions (the Markdown header repeats them):
   decode speedup: new tokens over the seconds after the prefill, against the baseline's. A question
   whose answer is 17 tokens after 741 of prompt is mostly prefill, which no drafter shortens: the
   decode speedup says what speculation did with the part it can change.
+- paired speedup (runs in rounds): per round, the method's tokens/s over the baseline's in that same
+  round, over the category's questions; the median over the rounds, with the lowest and highest. The
+  speedup above counts each pair's fastest run, so one run of the baseline in a fast minute of a
+  shared machine sets a category; a round's two runs are minutes apart at most, so such a minute
+  moves both sides of that round's ratio, or one round of several.
 """
 from __future__ import annotations
 
@@ -55,6 +60,9 @@ class Row:
     speedup_over_reference: float | None = None   # tok/s over the plain decoder of its own stack (None: absent)
     prefill_share: float | None = None             # prefill seconds / wall seconds (None: not measured)
     decode_speedup: float | None = None            # decode-phase tok/s over the baseline's decode-phase tok/s
+    paired_speedup: float | None = None            # median over rounds of the round's speedup (None: one round)
+    paired_low: float | None = None                # the lowest round's speedup
+    paired_high: float | None = None               # the highest round's
 
 
 @dataclass
@@ -90,6 +98,31 @@ def ideal_speedup(steps: list[list] | None, baseline_steps: list[list], tree: bo
     draft_cost = sum(s[3] for s in drafted) / sum(s[0] for s in drafted) / ar_step
     verify_cost = statistics.mean(s[4] for s in drafted) / ar_step
     return expected_speedup(alpha, gamma, draft_cost, verify_cost)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A method's speedup paired within rounds: the median over the rounds and the lowest and highest round."""
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+
+def paired_speedup(rs: list[dict], base: list[dict]) -> Paired | None:
+    """Per round, the method's tokens/s over the baseline's on the same questions in that round; the median over
+    the rounds every question of both ran (None: fewer than two such rounds, or records without rounds)."""
+    if not all("rounds" in r for r in rs + base):
+        return None
+    common = set.intersection(*(set(r["rounds"]) for r in rs + base))
+    ratios = []
+    for k in sorted(common):
+        tokens, seconds = (sum(r["rounds"][k][i] for r in rs) for i in (0, 1))
+        base_tokens, base_seconds = (sum(b["rounds"][k][i] for b in base) for i in (0, 1))
+        ratios.append((tokens / seconds) / (base_tokens / base_seconds))
+    if len(ratios) < 2:
+        return None
+    return Paired(statistics.median(ratios), min(ratios), max(ratios), len(ratios))
 
 
 def repeat_spread(records: list[dict]) -> dict:
@@ -224,6 +257,7 @@ def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mi
               if (i := ideal_speedup(r["steps"], b["steps"] or [], tree)) is not None]
     parted = {(x.question_id, x.reference) for x in mismatches if x.method == method}
     prefill, decode, base_decode = _prefill(rs), _decode_tps(rs), _decode_tps(base)
+    paired = paired_speedup(rs, base)
     return Row(cat, method, label, len(rs), _tps(rs), _tps(rs) / _tps(base),
                sum(r["new_tokens"] for r in rs) / forwards if forwards else None,
                sum(s[1] for s in drafted) / proposed if proposed else None,
@@ -233,7 +267,9 @@ def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mi
                sum((r["question_id"], BASELINE) not in parted for r in rs),
                sum((r["question_id"], r["reference"]) not in parted for r in rs),
                prefill_share=None if prefill is None else prefill / seconds,
-               decode_speedup=decode / base_decode if decode and base_decode else None)
+               decode_speedup=decode / base_decode if decode and base_decode else None,
+               paired_speedup=paired and paired.median, paired_low=paired and paired.low,
+               paired_high=paired and paired.high)
 
 
 def gates(records: list[dict], labels: dict[str, str] | None = None) -> dict[str, dict[str, int]]:
@@ -263,6 +299,13 @@ def _spread_sentence(meta: dict) -> str:
 
 def _fmt(x, spec: str = "{:.2f}") -> str:
     return "–" if x is None else spec.format(x)
+
+
+def _paired(row: Row) -> str:
+    """The paired speedup with its lowest and highest round ("–" for a run of one round, and the oracle)."""
+    if row.paired_speedup is None:
+        return "–"
+    return f"{row.paired_speedup:.2f} ({row.paired_low:.2f}-{row.paired_high:.2f})"
 
 
 def _ran_on(meta: dict) -> str:
@@ -328,13 +371,17 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
              "the plain decoder of the method's own stack (transformers generate for the peers) token for token; "
              "*prefill* = share of wall time spent reading the prompt, before the first decode step; *× AR decode* = "
              "new tokens over the seconds after the prefill, against labkit autoregressive's (what speculation "
-             "changed: no drafter shortens the prefill).", "",
-             "| category | method | n | tok/s | × AR | × AR decode | prefill | × own | tok/fwd | accept | draft | verify "
-             "| ideal × | = AR | = ref |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "changed: no drafter shortens the prefill)"
+             + ("; *× AR paired* = per round, tok/s over labkit autoregressive's in the same round, the median over "
+                "the rounds (the lowest and highest round in brackets): a fast or slow minute of the machine moves "
+                "both runs of a round, where it can set *× AR*'s fastest run alone" if meta.get("repeats", 1) > 1
+                else "") + ".", "",
+             "| category | method | n | tok/s | × AR | × AR paired | × AR decode | prefill | × own | tok/fwd | accept "
+             "| draft | verify | ideal × | = AR | = ref |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.category} | {r.label} | {r.questions} | {r.tokens_per_second:.2f} | {r.speedup:.2f} | "
-                     f"{_fmt(r.decode_speedup)} | {_fmt(r.prefill_share, '{:.0%}')} | "
+                     f"{_paired(r)} | {_fmt(r.decode_speedup)} | {_fmt(r.prefill_share, '{:.0%}')} | "
                      f"{_fmt(r.speedup_over_reference)} | "
                      f"{_fmt(r.tokens_per_forward)} | {_fmt(r.acceptance_rate)} | {_fmt(r.draft_share, '{:.0%}')} | "
                      f"{r.verify_share:.0%} | {_fmt(r.ideal_speedup)} | {r.same_as_baseline}/{r.questions} | "

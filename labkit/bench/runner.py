@@ -167,12 +167,14 @@ def done_pairs(records: list[dict], run_key: str) -> set[tuple[str, str, str, in
 
 def best_runs(records: list[dict]) -> list[dict]:
     """One record per (question, method): the fastest of its repeats (most new tokens a second), with `runs` (how
-    many there were) and `seconds_runs` (each one's seconds) beside it, in the order the pairs first appear."""
+    many there were), `seconds_runs` (each one's seconds) and `rounds` ({round: (new tokens, seconds)}, for ratios
+    paired within a round) beside it, in the order the pairs first appear."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
         groups.setdefault((r["question_id"], r["method"]), []).append(r)
     return [{**max(rs, key=lambda r: r["new_tokens"] / r["seconds"]), "runs": len(rs),
-             "seconds_runs": [r["seconds"] for r in rs]} for rs in groups.values()]
+             "seconds_runs": [r["seconds"] for r in rs],
+             "rounds": {r.get("repeat", 0): (r["new_tokens"], r["seconds"]) for r in rs}} for rs in groups.values()]
 
 
 def _append(path: Path, record: dict) -> None:
