@@ -115,14 +115,15 @@ def paired_speedup(rs: list[dict], base: list[dict]) -> Paired | None:
     if not all("rounds" in r for r in rs + base):
         return None
     common = set.intersection(*(set(r["rounds"]) for r in rs + base))
-    ratios = []
-    for k in sorted(common):
-        tokens, seconds = (sum(r["rounds"][k][i] for r in rs) for i in (0, 1))
-        base_tokens, base_seconds = (sum(b["rounds"][k][i] for b in base) for i in (0, 1))
-        ratios.append((tokens / seconds) / (base_tokens / base_seconds))
+    ratios = [_round_tps(rs, k) / _round_tps(base, k) for k in sorted(common)]
     if len(ratios) < 2:
         return None
     return Paired(statistics.median(ratios), min(ratios), max(ratios), len(ratios))
+
+
+def _round_tps(records: list[dict], k: int) -> float:
+    """New tokens over seconds of the records' runs in round k."""
+    return sum(r["rounds"][k][0] for r in records) / sum(r["rounds"][k][1] for r in records)
 
 
 def repeat_spread(records: list[dict]) -> dict:
