@@ -54,10 +54,10 @@ from labkit.bench.writer import markdown_table, subplots, write_outputs  # noqa:
 from labkit.decoding.compiled import CompiledSpeculativeDecoder, bucket, buckets_up_to  # noqa: E402
 from labkit.decoding.compiled_tree import CompiledTreeDecoder, tree_bucket  # noqa: E402
 from labkit.decoding.static import StaticDecoder  # noqa: E402
+from labkit.drafters.eagle_device import DeviceEagleDrafter  # noqa: E402
 from labkit.drafters.medusa import MedusaDrafter, medusa_tree
-from labkit.drafters.replay import CostOnly, PacedDrafter, ReplayDrafter, ReplayTreeDrafter  # noqa: E402
+from labkit.drafters.replay import PacedDrafter, ReplayDrafter, ReplayTreeDrafter  # noqa: E402
 from labkit.hw import SHAPES, decode_cost, describe, verify_cost  # noqa: E402
-from labkit.models.cuda_graph import capture_graph  # noqa: E402
 from labkit.models.eagle_heads import Eagle3Head, EagleConfig
 from labkit.models.medusa_heads import MedusaHeads
 from labkit.models.transformer import ModelArgs, Transformer  # noqa: E402
@@ -81,7 +81,7 @@ MODES = {"graphs": {"label": "CUDA graphs", "static": dict(compile=False, cuda_g
                     "static": dict(compile="blocks", cuda_graph=True)},
          "compile": {"label": "torch.compile + CUDA graphs", "static": dict(compile=True, cuda_graph=True)}}
 MAX_TREE = 64                       # Medusa's static tree: its 64 best paths (a budget takes its first nodes)
-SMOKE_ARGS = ModelArgs(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, qkv_bias=True,
+SMOKE_ARGS = ModelArgs(vocab_size=256, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, hidden_dim=128, qkv_bias=True,
                        tie_embeddings=True, max_seq_len=512)
 
 
@@ -286,59 +286,45 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
     return ar, continuation
 
 
-def eagle3_cost(target: Transformer, context: int, top_k: int = 8, depth: int = 6):
-    """What an EAGLE-3 head's drafting costs at its real shape (data/heads/eagle3-*: one layer, the fusion of three
-    target blocks, an 11,863-token readout), as EAGLE-2's dynamic tree drafts: a catch-up on the last committed
-    pairs, then `depth` - 1 forwards of the `top_k` best nodes, each read out and ranked. Recorded once as a CUDA
-    graph on a GPU (what a compiled drafter would run); returns the no-argument call that replays it."""
+def eagle3_drafter(target: Transformer, mode: dict, max_len: int, top_k: int = 8, depth: int = 6
+                   ) -> DeviceEagleDrafter:
+    """labkit's EAGLE-2 tree drafting on the device (DeviceEagleDrafter) with a random EAGLE-3 head of the shipped
+    one's shape (data/heads/eagle3-*: one layer, the fusion of three target blocks, an 11,863-token draft
+    vocabulary), compiled and recorded as CUDA graphs where the mode's verify is: its real drafting, every step."""
     config = json.loads(next(HEADS.glob("eagle3-*/config.json")).read_text())
     fields = {f: config[f] for f in ("dim", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "norm_eps",
                                      "rope_theta", "layers")}
-    dev, dtype = target.device, target.embed_tokens.weight.dtype
-    cfg = replace(EagleConfig(**fields), dim=target.args.dim)
-    head = Eagle3Head(cfg, target.vocab_size, max_seq_len=context + 64).to(dev, dtype).eval().requires_grad_(False)
-    rows = target.lm_head.weight[:config["draft_vocab_size"]].clone()              # (Vd, D) the sliced LM head
-    cache = head.new_cache(context + 64)
-    D = target.args.dim
-    features = torch.randn(1, 3, 3 * D, device=dev, dtype=dtype)                 # the last committed pairs' taps
-    embeds = torch.randn(1, 3, D, device=dev, dtype=dtype)
-    layer_embeds = torch.randn(1, top_k, D, device=dev, dtype=dtype)
-
-    def draft():
-        cache.truncate(0)
-        cache.advance(context - 3)                                               # the committed pairs so far
-        out = head(head.context(features), embeds, cache)[:, -1:]                # (1, 1, D)
-        f = out.expand(1, top_k, D)
-        for _ in range(depth - 1):
-            out = head(f, layer_embeds, cache)                                   # (1, k, D)
-            logp = torch.nn.functional.linear(head.readout_input(out), rows).float().log_softmax(-1)
-            f = out.gather(1, logp.max(-1).values.topk(top_k, dim=-1).indices[..., None].expand(1, top_k, D))
-        return f
-
-    if dev.type != "cuda":
-        return draft
-    graph, _ = capture_graph(draft, warmups=2)
-    return graph.replay
+    n = target.args.n_layers
+    layers = fields["layers"] if max(fields["layers"]) < n else [0, n // 2, n - 1]    # a smoke run's few blocks
+    cfg = replace(EagleConfig(**fields), dim=target.args.dim, layers=layers)
+    torch.manual_seed(0)
+    head = Eagle3Head(cfg, target.vocab_size, max_seq_len=max_len)
+    head = head.to(target.device, target.embed_tokens.weight.dtype).eval().requires_grad_(False)
+    vocab = torch.arange(min(config["draft_vocab_size"], target.vocab_size))
+    how = mode["static"]
+    return DeviceEagleDrafter(head, target, vocab, top_k=top_k, depth=depth, max_len=max_len,
+                              compile=how.get("compile", False), cuda_graph=how.get("cuda_graph", False),
+                              compile_backend=how.get("compile_backend", "inductor"))
 
 
-def tree_drafter(key: str, target: Transformer, continuation: list[int], recorded: list, max_len: int):
+def tree_drafter(key: str, target: Transformer, mode: dict, continuation: list[int], recorded: list, max_len: int):
     """(the replay, the replay paced by its head's real cost): Medusa's four heads on the target's LM head
-    (MedusaDrafter itself, random weights) or EAGLE-3's drafting forwards (eagle3_cost)."""
+    (MedusaDrafter itself, random weights) or EAGLE-3's tree drafting on the device (eagle3_drafter)."""
     replay = ReplayTreeDrafter(continuation, recorded, target.vocab_size, depth=6)
     if key == "medusa":
         config = json.loads(next(HEADS.glob("medusa-*/config.json")).read_text())
         heads = MedusaHeads(target.lm_head, config["n_heads"]).to(target.device)
         paced_by = MedusaDrafter(heads, medusa_tree(torch.tensor(config["topk_accuracy"]), MAX_TREE))
     else:
-        paced_by = CostOnly(eagle3_cost(target, max_len), "eagle3-head")
+        paced_by = eagle3_drafter(target, mode, max_len)
     return replay, PacedDrafter(replay, paced_by)
 
 
 def bench_trees(name: str, target: Transformer, mode: dict, prompt: torch.Tensor, new: int, continuation: list[int],
                 ar: dict, result: dict, budget: Budget, peak: float | None, rows: list) -> None:
     """Compiled tree speculation replaying Medusa's and EAGLE-3's coding acceptance, each paced by its head's real
-    cost: Medusa's four heads on the target's LM head (MedusaDrafter itself, random weights), EAGLE-3's drafting
-    forwards (eagle3_cost). One decoder: the second reuses the verify shape the first compiled."""
+    cost: Medusa's four heads on the target's LM head (MedusaDrafter itself, random weights), EAGLE-3's tree drafting
+    on the device (eagle3_drafter), which reads three blocks' outputs from the verify. One decoder: the second reuses the verify shape the first compiled."""
     max_len, dec = prompt.numel() + new + 64, None
     for key in ("medusa", "eagle3"):
         recorded = result["recorded"][key]["steps"]
@@ -348,7 +334,7 @@ def bench_trees(name: str, target: Transformer, mode: dict, prompt: torch.Tensor
             continue
         with phase(result, f"{name}, {mode['label']}, tree replay {key}"):
             t0 = time.perf_counter()
-            replay, drafter = tree_drafter(key, target, continuation, recorded, max_len)
+            replay, drafter = tree_drafter(key, target, mode, continuation, recorded, max_len)
             if dec is None:
                 dec = CompiledTreeDecoder(target, drafter, max_len, **mode["static"])
             else:
@@ -360,7 +346,8 @@ def bench_trees(name: str, target: Transformer, mode: dict, prompt: torch.Tensor
             gen, util = sample(partial(dec.generate, prompt, new, budget=full), key)
             label = (f"compiled tree speculation ({mode['label']}), replayed {result['recorded'][key]['method']} "
                      f"coding acceptance, {full}-node trees, "
-                     + ("the Medusa heads' real cost" if key == "medusa" else "the EAGLE-3 head's real cost"))
+                     + ("the Medusa heads' real cost" if key == "medusa" else
+                        "the EAGLE-3 head's real cost, its tree grown on the device (DeviceEagleDrafter)"))
             rows.append(spec_row(label, gen, replay, continuation, ar, target.args, None, max_len, peak, tree=True,
                                  full=full, replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util,
                                  per_shape_estimate_s=per_shape_s))

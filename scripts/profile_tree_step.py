@@ -76,7 +76,8 @@ def instrument(parts: Parts, dec: CompiledTreeDecoder) -> None:
     """Every part of `CompiledTreeDecoder.step` but the line that syncs (its wait is what the parts leave over)."""
     drafter = dec.drafter
     parts.wrap(drafter.tokens_from, "propose", "propose: the replay's tokens (host)")
-    parts.wrap(drafter.paced_by, "propose", f"propose: {drafter.paced_by.name}'s drafting")
+    drafts = "propose_on_device" if drafter.paced_by.drafts_on_device else "propose"
+    parts.wrap(drafter.paced_by, drafts, f"propose: {drafter.paced_by.name}'s drafting")
     parts.wrap(Proposal, "limit", "proposal.limit")
     parts.wrap(Proposal, "as_tree", "proposal.as_tree")
     parts.wrap(dec, "layout", "layout (a shape seen before: a dict lookup)")
@@ -187,7 +188,8 @@ def main(argv=None) -> dict:
         source, method, category, _ = REPLAYS[key.removesuffix("-unpaced")]
         recorded = load_recorded_steps(ROOT / source, method, max_gamma=MAX_TREE, category=category)
         full = max(g for g, _ in recorded)
-        replay, drafter = tree_drafter(key.removesuffix("-unpaced"), target, continuation, recorded, max_len)
+        replay, drafter = tree_drafter(key.removesuffix("-unpaced"), target, {"static": how}, continuation, recorded,
+                                       max_len)
         if key.endswith("-unpaced"):                        # the tree loop's own cost: no drafter's work at all
             drafter = PacedDrafter(replay, CostOnly(lambda: None, "nothing"))
         if dec is None:

@@ -6,8 +6,9 @@ every bucket; each step keeps what the eager tree loop's step keeps; the device 
 rule on random trees; replayed tree acceptance equals the recording. Sampled: the device rule draws the joint of
 the first two tokens as the target does (a chi-square test that a plausible broken rule fails), and the loop's
 sampled output has the target's distribution (Medusa's top-k trees). The steps run eagerly or traced by dynamo,
-whole or a block at a time; EAGLE-3 reads three blocks' outputs from the compiled verify; CUDA graphs run in the GPU
-variant (scripts/gpu_check.py runs it).
+whole or a block at a time; EAGLE-3 reads three blocks' outputs from the compiled verify; EAGLE-2's trees drafted on
+the device are the reference drafter's, laid out there as on the host; CUDA graphs run in the GPU variant
+(scripts/gpu_check.py runs it).
 """
 import numpy as np
 import pytest
@@ -26,16 +27,18 @@ from labkit.decoding.compiled_tree import (
     TreeAcceptanceOnDevice,
     greedy_tree_accept_on_device,
     lay_out,
+    lay_out_on_device,
     sampled_tree_accept_on_device,
     tree_bucket,
 )
 from labkit.decoding.tree import tree_generate
 from labkit.drafters.draft_model import DraftModelDrafter
 from labkit.drafters.eagle import EagleDrafter
+from labkit.drafters.eagle_device import DeviceEagleDrafter
 from labkit.drafters.medusa import MedusaDrafter
 from labkit.drafters.replay import CostOnly, PacedDrafter, ReplayTreeDrafter
 from labkit.drafters.suffix import SuffixDrafter
-from labkit.models.eagle_heads import Eagle3Head, EagleConfig
+from labkit.models.eagle_heads import Eagle3Head, EagleConfig, EagleHead
 from labkit.models.medusa_heads import MedusaHeads
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9, 5, 17, 33, 2, 9, 5, 17]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8])]
@@ -163,6 +166,71 @@ def test_a_paced_replay_queues_its_cost_first_at_the_length_it_then_proposes(tar
     assert [r[1] for _, r in pairs[:3]] == [12, 5, 20]           # the third capped by the budget
 
 
+def test_a_tree_laid_out_on_the_device_is_the_host_layout():
+    """lay_out_on_device (parents never read back) against lay_out, on random trees; its paths are max_depth wide,
+    the columns past a tree's depth holding each node's own row, as lay_out pads a shallower node's."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        n = int(torch.randint(1, 65, (1,), generator=g))
+        tree = Tree(torch.tensor([int(torch.randint(-1, i, (1,), generator=g)) for i in range(n)]))
+        width, depth = tree_bucket(n), int(tree.depth.max())
+        host, device = lay_out(tree, width), lay_out_on_device(tree.parents, width, depth + 1)
+        for name in host._fields:
+            if name != "path_rows":
+                assert torch.equal(getattr(host, name), getattr(device, name)), name
+        assert torch.equal(device.path_rows[:, :depth], host.path_rows)
+        assert torch.equal(device.path_rows[:, depth], torch.arange(1, width + 1))
+
+
+def eagle_pair(kind, seed=2):
+    """A target of 8 tokens, whose trees of top-k picks are often right several deep, and a random head for it."""
+    model = tiny_model(seed=0, n_layers=3, vocab_size=8)
+    torch.manual_seed(seed)
+    cls, layers = (Eagle3Head, (0, 1, 2)) if kind == "eagle3" else (EagleHead, ())
+    head = cls(EagleConfig.for_target(model, hidden_dim=32, layers=layers), model.vocab_size)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return model, head
+
+
+@pytest.mark.parametrize("kind,compile", [("eagle", False), ("eagle3", False), ("eagle3", True), ("eagle3", "blocks")],
+                         ids=["eagle", "eagle3", "eagle3-traced", "eagle3-traced-layer"])
+def test_eagle_trees_drafted_on_the_device_are_the_reference_trees(kind, compile):
+    """DeviceEagleDrafter grows, in fixed shapes, the trees EagleDrafter grows on the host, step for step: in the
+    eager tree loop (read back) and in the compiled one (the tree never read back before the verify), whose output
+    is plain decoding's. Several-deep acceptances make the catch-ups read several pairs at a time."""
+    model, head = eagle_pair(kind)
+    prompt = torch.tensor([5, 1, 3, 2, 7, 5, 1, 3, 2, 7, 5, 1])
+    want = autoregressive_generate(model, prompt, max_new_tokens=40).tokens
+    for top_k, depth, budget in ((4, 5, 32), (3, 4, 20)):
+        ref = tree_generate(model, EagleDrafter(head, model, top_k=top_k, depth=depth), prompt, 40, budget=budget)
+        on_device = lambda: DeviceEagleDrafter(head, model, top_k=top_k, depth=depth, compile=compile,  # noqa: E731
+                                               compile_backend="eager")
+        read_back = tree_generate(model, on_device(), prompt, 40, budget=budget)
+        fast = CompiledTreeDecoder(model, on_device(), max_len=128).generate(prompt, 40, budget=budget)
+        assert ref.tokens == read_back.tokens == fast.tokens == want
+        steps = [(s.proposed, s.parents, s.path) for s in ref.trace.steps]
+        assert [(s.proposed, s.parents, s.path) for s in read_back.trace.steps] == steps
+        assert [(s.proposed, s.parents, s.path) for s in fast.trace.steps] == steps
+        assert max(s.n_accepted for s in fast.trace.steps) >= 2
+
+
+def test_a_replay_paced_by_an_eagle3_head_on_the_device_reads_its_taps_and_stays_exact():
+    model, head = eagle_pair("eagle3")
+    prompt = torch.tensor([5, 1, 3, 2, 7, 5, 1, 3, 2, 7, 5, 1])
+    continuation = autoregressive_generate(model, prompt, max_new_tokens=30).tokens
+    paced_by = DeviceEagleDrafter(head, model, top_k=4, depth=5)
+    calls = []
+    paced_by.propose_on_device = lambda tokens, n, run=paced_by.propose_on_device: calls.append(n) or run(tokens, n)
+    replay = ReplayTreeDrafter(continuation, [(12, 2), (12, 4), (12, 0)], model.vocab_size)
+    dec = CompiledTreeDecoder(model, PacedDrafter(replay, paced_by), max_len=128)
+    out = dec.generate(prompt, 30, budget=12)
+    assert dec.taps == (0, 1, 2) and out.tokens == continuation and not replay.diverged
+    assert calls[:3] == [12, 12, 12] and len(calls) == len(out.trace.steps)
+    assert paced_by.n_features == len(prompt) + 30 - 1       # it was given every committed position's features
+    assert paced_by.n_pairs > len(prompt) - 1                   # and read them past the prompt
+
+
 def test_bad_requests_say_what_to_do(target):
     sampler = CompiledTreeDecoder(target, DraftModelDrafter(tiny_model(seed=1)), max_len=128)
     with pytest.raises(ValueError, match="samples its tokens.*top-k picks.*tree_generate"):
@@ -201,6 +269,20 @@ def test_cuda_tree_step_makes_one_host_sync():
     for sampling in (SamplingConfig(), SamplingConfig(temperature=0.8, top_k=3)):
         dec.start(PROMPTS[0], 24, budget=12, sampling=sampling, seed=0)
         assert [host_syncs(dec.step) for _ in range(4)] == [1] * 4
+
+
+@CUDA
+def test_cuda_eagle_trees_drafted_on_the_device_cost_the_step_one_host_sync():
+    """EAGLE-2's tree grown and reranked as two CUDA graphs, laid out on the device: greedy output is plain
+    decoding's, and a step still waits for the GPU once."""
+    model, head = (x.cuda() for x in eagle_pair("eagle3"))
+    prompt = torch.tensor([5, 1, 3, 2, 7, 5, 1, 3, 2, 7, 5, 1])
+    want = autoregressive_generate(model, prompt, max_new_tokens=40).tokens
+    drafter = DeviceEagleDrafter(head, model, top_k=4, depth=5, compile="blocks", cuda_graph=True)
+    dec = CompiledTreeDecoder(model, drafter, max_len=128, compile="blocks", cuda_graph=True)
+    assert dec.generate(prompt, 40, budget=32).tokens == want
+    dec.start(prompt, 40, budget=32)
+    assert [host_syncs(dec.step) for _ in range(4)] == [1] * 4
 
 
 @pytest.mark.parametrize("compile", [False, "blocks"], ids=["static", "traced-blocks"])

@@ -85,6 +85,33 @@ def test_an_eagle3_head_reading_a_window_of_a_long_prompt_is_exact_on_the_real_t
     assert drafter.skipped == ids.numel() - 1 - 4 - HEAD_WINDOW                  # the prompt's middle, never read
 
 
+@pytest.mark.parametrize("window", [None, "long prompt"])
+def test_eagle3_trees_drafted_on_the_device_are_the_reference_trees_on_the_real_target(setup, window):
+    """DeviceEagleDrafter (fixed shapes, nothing read back before the verify) grows the shipped EAGLE-3 head's trees
+    as EagleDrafter does, step for step, in the compiled tree loop (static cache, uncompiled on a CPU); exact. With
+    a long prompt, both read the same window of it."""
+    from labkit.bench.questions import read_questions
+    from labkit.core.shipped import shipped
+    from labkit.decoding.compiled_tree import CompiledTreeDecoder
+    from labkit.drafters.eagle import HEAD_WINDOW
+    from labkit.drafters.eagle_device import DeviceEagleDrafter
+    target, ids, plain = setup
+    n = N
+    if window:
+        question = read_questions(shipped("questions", "long_prompts.jsonl"), categories=["rag"])[0]
+        ids, n = encode_prompt(target.tokenizer, question.prompt, chat_template=True), 12
+        plain = autoregressive_generate(target.model, ids, n, eos_token_ids=target.eos_token_ids)
+    model, w = target.model, HEAD_WINDOW if window else None
+    eagle3, vocab3, _ = load_eagle3(REPO_HEADS / "eagle3-qwen2.5-coder-1.5b", model)
+    runs = [CompiledTreeDecoder(model, cls(eagle3, model, vocab3, top_k=8, depth=6, window=w), max_len=ids.numel() + n
+                                + 64).generate(ids, n, budget=32, eos_token_ids=target.eos_token_ids)
+            for cls in (EagleDrafter, DeviceEagleDrafter)]
+    assert runs[0].tokens == runs[1].tokens == plain.tokens
+    assert [(s.proposed, s.parents, s.path) for s in runs[0].trace.steps] == \
+        [(s.proposed, s.parents, s.path) for s in runs[1].trace.steps]
+    assert runs[1].trace.tokens_per_forward > 1.2
+
+
 def test_sampling_over_an_eagle_tree_runs_on_the_real_target(setup):
     target, ids, _ = setup
     drafter, budget = drafters(target.model)["eagle-tree"]

@@ -320,14 +320,20 @@ def _check_heads_target(m: Models) -> None:
 
 def _eagle(top_k: int, depth: int, kind: str = "eagle"):
     """The shipped EAGLE-1 head (kind "eagle") or EAGLE-3 head ("eagle3"), drafting a tree or a chain; of a long
-    prompt it reads the first 4 pairs and the last HEAD_WINDOW (drafters/eagle.py)."""
+    prompt it reads the first 4 pairs and the last HEAD_WINDOW (drafters/eagle.py). On a GPU it drafts on the
+    device, compiled and replayed as CUDA graphs (drafters/eagle_device.py)."""
     def make(m: Models):
         _check_heads_target(m)
         from ..drafters.eagle import HEAD_WINDOW, EagleDrafter
+        from ..drafters.eagle_device import DeviceEagleDrafter
         from ..models.eagle_heads import load_eagle, load_eagle3
+        model = m.target.model
         head, vocab, _ = (load_eagle3 if kind == "eagle3" else load_eagle)(
-            shipped("heads", f"{kind}-qwen2.5-coder-1.5b"), m.target.model)
-        return EagleDrafter(head, m.target.model, vocab, top_k=top_k, depth=depth, window=HEAD_WINDOW)
+            shipped("heads", f"{kind}-qwen2.5-coder-1.5b"), model)
+        if model.device.type == "cuda":
+            return DeviceEagleDrafter(head, model, vocab, top_k=top_k, depth=depth, window=HEAD_WINDOW,
+                                      compile="blocks", cuda_graph=True)
+        return EagleDrafter(head, model, vocab, top_k=top_k, depth=depth, window=HEAD_WINDOW)
     return make
 
 

@@ -87,6 +87,30 @@ def lay_out(tree: Tree, width: int, device: torch.device | str = "cpu") -> TreeL
                                                earlier_siblings)))
 
 
+def lay_out_on_device(parents: torch.Tensor, width: int, max_depth: int) -> TreeLayout:
+    """`lay_out` for a tree whose parents (N,) are on the device (a drafter that drafts there), without reading them
+    back: fixed shapes, path_rows `max_depth` wide (the tree is no deeper)."""
+    N, B, dev = parents.numel(), width, parents.device
+    padded = torch.cat([parents, parents.new_full((B - N,), -1)])                # (B,) padding: under the root
+    real = torch.arange(B, device=dev) < N                                       # (B,)
+    ancestors = torch.eye(B, dtype=torch.bool, device=dev)                       # (B, B)
+    up, columns = padded, torch.arange(B, device=dev)
+    for _ in range(max_depth - 1):                 # a node at depth d has d - 1 ancestors: one level a pass
+        ancestors = ancestors | (up[:, None] == columns)                         # (one_hot would check on the host)
+        up = torch.where(up >= 0, padded[up.clamp(min=0)], -1)
+    depth = torch.where(real, ancestors.sum(-1), 0)                              # (B,)
+    block = torch.eye(1 + B, dtype=torch.bool, device=dev)                       # (1+B, 1+B)
+    block[1:, 0] = real
+    block[1:, 1:] = ancestors
+    rows = torch.arange(1, B + 1, device=dev)                                    # (B,) each node's row
+    at_level = ancestors[:, :, None] & (depth[None, :, None] == torch.arange(1, max_depth + 1, device=dev))
+    path_rows = torch.where(at_level.any(1), (at_level * rows[None, :, None]).sum(1), rows[:, None])  # (B, Dm)
+    parent_rows = torch.where(real, padded + 1, 0)                               # (B,)
+    positions = torch.cat([depth.new_zeros(1), depth])
+    earlier_siblings = (parent_rows[:, None] == parent_rows[None, :]).tril(-1)   # (B, B)
+    return TreeLayout(positions, block, parent_rows, ancestors, depth, path_rows, earlier_siblings)
+
+
 class TreeAcceptanceOnDevice(NamedTuple):
     n_accepted: torch.Tensor    # () depth of the accepted path, 0..D
     keep_rows: torch.Tensor     # (1+D,) the root's row, then the path's rows (padded past n_accepted)
@@ -239,15 +263,22 @@ class CompiledTreeDecoder(Decoder):
         budget = min(self.budget.budget(), MAX_NODES, self.max_new_tokens - trace.n_generated - 1)
         t0, clock = time.perf_counter(), Clock(self.model.device)
         # 1. Propose: a tree of candidate continuations (on the host, or the drafter's own device work)
-        proposal = (self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator)
-                    if budget > 0 else Proposal.empty(self.prompt)).limit(max(budget, 0))
-        tree, node_tokens = proposal.as_tree(), proposal.tokens                          # (N,)
-        if proposal.q_draft is not None and not self.sampling.greedy:
-            raise ValueError(f"the {self.drafter.name} drafter samples its tree's tokens (q_draft): the compiled loop "
-                             "accepts trees of top-k picks; sample with labkit.decoding.tree.tree_generate")
+        drafted = (self.drafter.propose_on_device(torch.tensor(self.tokens), budget)
+                   if budget > 0 and self.drafter.drafts_on_device else None)
+        if drafted is not None and drafted.tokens.numel():        # a tree on the device: its shape stays there
+            tree, node_tokens, q_token = None, drafted.tokens, drafted.q_token           # (N,) each
+            N = node_tokens.numel()
+            layout = lay_out_on_device(drafted.parents, tree_bucket(N), self.drafter.depth)
+        else:
+            proposal = (self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator)
+                        if budget > 0 and drafted is None else Proposal.empty(self.prompt)).limit(max(budget, 0))
+            tree, node_tokens, q_token = proposal.as_tree(), proposal.tokens, proposal.q_token   # (N,) each
+            if proposal.q_draft is not None and not self.sampling.greedy:
+                raise ValueError(f"the {self.drafter.name} drafter samples its tree's tokens (q_draft): the compiled "
+                                 "loop accepts trees of top-k picks; sample with labkit.decoding.tree.tree_generate")
+            N, layout = tree.n_nodes, self.layout(tree)
         clock.mark()
         # 2. Verify: root + every node at the bucket's width, each node seeing the cache and its ancestors
-        layout = self.layout(tree)
         nodes = self.send(node_tokens, layout.depth.numel())                             # (B,) padded with -1
         hidden, logits = self.verify(layout, nodes, n_cached)                            # (1+B, D), (1+B, V)
         clock.mark()
@@ -260,12 +291,15 @@ class CompiledTreeDecoder(Decoder):
         # 4. Commit, queued before the sync: the root's and the deepest path's keys and values to the slots right
         #    after the committed ones (all D + 1 rows: those past the accepted ones land where no token looks)
         self.cache.commit_path(acc.keep_rows, start=n_cached)
-        verdict = torch.cat([acc.n_accepted.view(1), acc.next_token.view(1), acc.keep_rows, nodes])  # (2+1+D+B,)
-        q_token = proposal.q_token                                                       # (N,) the drafter's confidence
+        verdict = [acc.n_accepted.view(1), acc.next_token.view(1), acc.keep_rows, nodes]  # (2+1+D+B,)
+        verdict = torch.cat(verdict if tree is not None else verdict + [drafted.parents])  # a device tree's shape too
         read_q = q_token.device == nodes.device          # a drafter's on the device (Medusa's): read with the verdict
         values = (torch.cat([verdict.double(), q_token.double()]) if read_q else verdict).tolist()  # the one sync
         n, next_token, *rest = map(int, values[:verdict.numel()])
-        keep, node_list = rest[:acc.keep_rows.numel()], rest[acc.keep_rows.numel():][:tree.n_nodes]
+        keep, rest = rest[:acc.keep_rows.numel()], rest[acc.keep_rows.numel():]
+        node_list = rest[:N]
+        if tree is None:
+            tree = Tree(torch.tensor(rest[nodes.numel():]))
         q_list = values[verdict.numel():] if read_q else q_token.tolist()
         draft_time, verify_time = clock.seconds()
         self.cache.length = n_cached + n + 1

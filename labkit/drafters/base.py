@@ -20,6 +20,10 @@ is the proposal it would have made with budget n (a chain; suffix decoding's and
 Medusa's greedy static tree), sets `best_first`: the tree loop's cost-aware budget
 (core/tree_budget.py) judges every smaller budget from one step only for such a drafter.
 
+A drafter that drafts its tree on the target's device (EAGLE-2's, eagle_device.py) sets `drafts_on_device` and
+has `propose_on_device(tokens, k)`: the compiled tree loop then keeps the tree there and reads it back with its one
+sync; `propose` stays the interface of every other loop.
+
 A drafter with state (a KV cache) drops what was rejected in `commit`. A drafter that reads the
 target's features (Medusa, EAGLE) says so with `reads_features`: only the tree loop, which runs
 labkit's own model, can give them. The drafter sees token ids, never text.
@@ -111,6 +115,7 @@ class Drafter(ABC):
     reads_verdict: bool = False           # True: wants the target's greedy token after every proposed node
     best_first: bool = False              # True: the first n nodes of a proposal are its proposal with budget n
     samples_tokens: bool = False          # True: sampled tokens are draws from q (Proposal.q_draft), not top-k picks
+    drafts_on_device: bool = False        # True: has propose_on_device, a tree left on the device (compiled tree loop)
 
     def check_target(self, target) -> None:
         """Raise ValueError, saying what to do, when this drafter cannot draft for `target`."""

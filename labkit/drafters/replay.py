@@ -134,9 +134,19 @@ class PacedDrafter(Drafter):
         self.tokens_from.check_target(target)
         self.paced_by.check_target(target)
 
+    def tree_target(self, target):
+        return self.paced_by.tree_target(target)          # the features the pacing drafter reads (EAGLE-3's taps)
+
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         self.tokens_from.start(prompt_ids)
         self.paced_by.start(prompt_ids, features)
+
+    def cost(self, tokens: torch.Tensor, n: int, sampling: SamplingConfig, generator=None) -> None:
+        """Run the pacing drafter's drafting of n nodes, its tokens ignored (a device drafter's left unread)."""
+        if self.paced_by.drafts_on_device:
+            self.paced_by.propose_on_device(tokens, n)
+        else:
+            self.paced_by.propose(tokens, n, sampling, generator)
 
     def propose(self, tokens: torch.Tensor, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Proposal:
@@ -144,13 +154,13 @@ class PacedDrafter(Drafter):
             # a replay knows its length first: the drafting cost is queued before the replay builds its tokens on
             # the host, so on a GPU that host work (the measuring device's, not a drafter's) overlaps the cost
             if n := self.tokens_from.next_length(k):
-                self.paced_by.propose(tokens, n, sampling, generator)         # the cost, not the tokens
+                self.cost(tokens, n, sampling, generator)
             proposal = self.tokens_from.propose(tokens, k, sampling, generator)
             assert proposal.k == n, (proposal.k, n)
             return proposal
         proposal = self.tokens_from.propose(tokens, k, sampling, generator)
         if proposal.k:
-            self.paced_by.propose(tokens, proposal.k, sampling, generator)   # the cost, not the tokens
+            self.cost(tokens, proposal.k, sampling, generator)
         return proposal
 
     def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:

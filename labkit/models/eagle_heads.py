@@ -97,7 +97,11 @@ class EagleHead(nn.Module):
     def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, cache: KVCache,
                 positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Next features (B, T, D) from pairs (f_t, embed(x_{t+1})): features, token_embeds (B, T, D)."""
-        return self.norm(self.layer(features, token_embeds, cache, positions, mask))
+        return self.output(self.layer(features, token_embeds, cache, positions, mask))
+
+    def output(self, a: torch.Tensor) -> torch.Tensor:
+        """What the head hands on from its layer's output a (..., D): the predicted feature, norm(a)."""
+        return self.norm(a)
 
     def layer(self, features: torch.Tensor, token_embeds: torch.Tensor, cache: KVCache,
               positions: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -131,9 +135,9 @@ class Eagle3Head(EagleHead):
     def readout_input(self, out: torch.Tensor) -> torch.Tensor:
         return self.norm(out)
 
-    def forward(self, features, token_embeds, cache, positions=None, mask=None):
-        """The layer output a (B, T, D): fed back at the next depth; the LM head reads norm(a)."""
-        return self.layer(features, token_embeds, cache, positions, mask)
+    def output(self, a: torch.Tensor) -> torch.Tensor:
+        """The layer output a itself: fed back at the next depth; the LM head reads norm(a)."""
+        return a
 
     def tree_target(self, target: TreeTarget) -> TreeTarget:
         if isinstance(target, LayerTapsTarget) and target.layers == tuple(self.cfg.layers):
