@@ -151,9 +151,12 @@ def run_tests(seconds: float, which: str = "cuda") -> dict:
         return {"rc": None, "summary": "pytest is not installed here: tests not run", "seconds": 0.0}
     # spread over the CPU's cores where pytest-xdist is installed: each test compiles its own small shapes (on an
     # H200's 16 cores the CUDA tests take about 75 s on 8 workers, and did not finish in 230 s on one)
-    most = 14 if which == "all" else 8
-    workers = ["-n", str(max(1, min(most, (os.cpu_count() or 2) - 2)))] \
-        if importlib.util.find_spec("xdist") is not None else []
+    most, cores = (14 if which == "all" else 8), os.cpu_count() or 2
+    n = max(1, min(most, cores - 2)) if importlib.util.find_spec("xdist") is not None else 1
+    workers = ["-n", str(n)] if n > 1 else []
+    # each worker's torch would start a thread per core and inductor a compile process per core: 14 workers on 16
+    # cores, oversubscribed, took 2-3 minutes over single CPU-bound tests (gpu_unit_tier_h200_second.md)
+    threads = {"OMP_NUM_THREADS": str(max(1, cores // n)), "TORCHINDUCTOR_COMPILE_THREADS": "1"} if n > 1 else {}
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-k", "cuda", "-p", "no:cacheprovider", *workers, *TESTS]
     if which == "all":
         cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *workers, "tests"]
@@ -161,7 +164,7 @@ def run_tests(seconds: float, which: str = "cuda") -> dict:
     t0 = time.perf_counter()
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=seconds,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              env={**os.environ, **threads, "PYTHONPATH": os.pathsep.join(
                                   filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
         rc, out = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as e:
