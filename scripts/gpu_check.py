@@ -197,7 +197,7 @@ def spec_row(label: str, gen, drafter: ReplayDrafter, continuation: list[int], a
     predicted = ideal_speedup(as_lists, [[0, 0, 1, 0.0, ar["step_s"]]], tree=True)
     closed_form = None if tree else ideal_speedup(as_lists, [[0, 0, 1, 0.0, ar["step_s"]]])
     width = tree_bucket if tree else partial(bucket, buckets=buckets_up_to(LONGEST))
-    nbytes = sum(verify_cost(target_args, width(max(1, s.gamma)), context).bytes for s in steps)   # padded widths
+    nbytes = sum(verify_cost(target_args, max(1, width(s.gamma)), context).bytes for s in steps)   # padded widths
     if draft_args is not None:                      # about one draft forward per draft token (catch-ups included)
         nbytes += sum(s.gamma for s in steps) * decode_cost(draft_args, context).bytes
     drafted = [s for s in steps if s.gamma]

@@ -27,6 +27,7 @@ from labkit import (
     speculative_generate,
 )
 from labkit.bench.runner import load_recorded_steps
+from labkit.core.adaptive import GammaPolicy
 from labkit.decoding.compiled import (
     BUCKETS,
     CompiledSpeculativeDecoder,
@@ -52,7 +53,7 @@ def pair():
 
 
 def test_buckets_round_gamma_up():
-    assert [bucket(k) for k in range(9)] == [1, 1, 2, 4, 4, 8, 8, 8, 8] and BUCKETS == (1, 2, 4, 8)
+    assert [bucket(k) for k in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8] and BUCKETS == (0, 1, 2, 4, 8)
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["static", "traced"])
@@ -71,13 +72,45 @@ def test_greedy_equals_autoregressive_for_every_bucket(pair, which, compile):
             assert dec.cache.length == len(dec.tokens) - 1        # every committed token but the last
 
 
+class EveryOtherStepPlain(GammaPolicy):
+    """γ = 0 (a plain step) on every other step, 3 between: what a cost-aware γ does where drafting does not pay."""
+
+    def __init__(self):
+        self.n = 0
+
+    def gamma(self) -> int:
+        self.n += 1
+        return 0 if self.n % 2 else 3
+
+    def update(self, step) -> None:
+        pass
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.8)], ids=["greedy", "sampled"])
+def test_a_plain_step_verifies_the_last_token_alone(pair, sampling, monkeypatch):
+    """γ = 0 runs the one-token verify shape, as plain decoding's step, not the two-token one; greedy output stays
+    plain decoding's, and a sampled plain step commits one token."""
+    target, draft = pair
+    called = []
+    call = compiled.FixedShapeStep.__call__
+    monkeypatch.setattr(compiled.FixedShapeStep, "__call__", lambda self: called.append(self) or call(self))
+    dec = CompiledSpeculativeDecoder(target, DraftModelDrafter(draft), max_len=64)
+    out = dec.generate(PROMPTS[0], max_new_tokens=30, gamma=EveryOtherStepPlain(), sampling=sampling, seed=0)
+    widths = [step.tokens.shape[1] for step in called if step in dec.verify_steps.values()]   # not the draft's
+    plain = [s for s in out.trace.steps if s.asked == 0]
+    assert plain and all(s.gamma == 0 and s.n_accepted == 0 for s in plain)
+    assert widths.count(1) == len(plain) and 5 in widths             # 3 drafted: the 4-token bucket and the root
+    if sampling.greedy:
+        assert out.tokens == autoregressive_generate(target, PROMPTS[0], max_new_tokens=30).tokens
+
+
 def test_longer_drafts_compile_wider_verifies_and_stay_exact(pair):
     target, _ = pair
     prompt = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 3)         # a run lookup can copy far
     ref = autoregressive_generate(target, prompt, max_new_tokens=48).tokens
     dec = CompiledSpeculativeDecoder(target, PromptLookupDrafter(), max_len=120,
                                      max_gamma=16)
-    assert dec.buckets == (1, 2, 4, 8, 16) and [dec.bucket(k) for k in (8, 9, 16)] == [8, 16, 16]
+    assert dec.buckets == (0, 1, 2, 4, 8, 16) and [dec.bucket(k) for k in (0, 8, 9, 16)] == [0, 8, 16, 16]
     for gamma in (9, 12, 16):
         out = dec.generate(prompt, max_new_tokens=48, gamma=gamma)
         assert out.tokens == ref, gamma

@@ -20,6 +20,7 @@ from test_sampling import CONFIGS, N_POS, N_RUNS, PROMPT, V, chi2_pvalues, exact
 from labkit import SamplingConfig, autoregressive_generate
 from labkit.core.tree import Tree
 from labkit.core.tree_acceptance import greedy_tree_accept
+from labkit.core.tree_budget import FixedBudget
 from labkit.decoding import compiled
 from labkit.decoding.compiled_tree import (
     TREE_BUCKETS,
@@ -69,8 +70,8 @@ class ReadsOwnTarget(SuffixDrafter):
 
 
 def test_buckets_round_tree_sizes_up():
-    assert [tree_bucket(n) for n in (1, 8, 9, 16, 17, 33, 64)] == [8, 8, 16, 16, 32, 64, 64]
-    assert TREE_BUCKETS == (8, 16, 32, 64)
+    assert [tree_bucket(n) for n in (0, 1, 8, 9, 16, 17, 33, 64)] == [0, 8, 8, 16, 16, 32, 64, 64]
+    assert TREE_BUCKETS == (0, 8, 16, 32, 64)
 
 
 @pytest.mark.parametrize("compile", [False, True, "blocks"], ids=["static", "traced", "traced-blocks"])
@@ -213,6 +214,37 @@ def test_eagle_trees_drafted_on_the_device_are_the_reference_trees(kind, compile
         assert [(s.proposed, s.parents, s.path) for s in read_back.trace.steps] == steps
         assert [(s.proposed, s.parents, s.path) for s in fast.trace.steps] == steps
         assert max(s.n_accepted for s in fast.trace.steps) >= 2
+
+
+class EveryOtherStepPlain(FixedBudget):
+    """No tree (a plain step) on every other step: what a cost-aware budget does where drafting does not pay."""
+
+    def __init__(self, nodes: int):
+        super().__init__(nodes)
+        self.n = 0
+
+    def budget(self) -> int:
+        self.n += 1
+        return 0 if self.n % 2 else self.nodes
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle3 on the device"])
+def test_a_plain_step_verifies_the_root_alone(kind, monkeypatch):
+    """A step without a tree runs the one-token verify shape (the root alone, as plain decoding's step), not the
+    8-node one; the drafter still gets that position's features, and greedy output stays plain decoding's."""
+    model, head = eagle_pair("eagle3")
+    drafter = medusa(model) if kind == "medusa" else DeviceEagleDrafter(head, model, top_k=4, depth=5)
+    called = []
+    call = compiled.FixedShapeStep.__call__
+    monkeypatch.setattr(compiled.FixedShapeStep, "__call__", lambda self: called.append(self) or call(self))
+    prompt = torch.tensor([5, 1, 3, 2, 7, 5, 1, 3, 2, 7, 5, 1])
+    dec = CompiledTreeDecoder(model, drafter, max_len=128)
+    out = dec.generate(prompt, 30, budget=EveryOtherStepPlain(12))
+    assert out.tokens == autoregressive_generate(model, prompt, max_new_tokens=30).tokens
+    widths = [step.tokens.shape[1] for step in called]
+    plain = [s for s in out.trace.steps if s.asked == 0]
+    assert len(plain) >= 10 and all(s.proposed == [] for s in plain)
+    assert widths.count(1) == len(plain) and 17 in widths                  # 12 nodes: the 16-node bucket
 
 
 def test_a_replay_paced_by_an_eagle3_head_on_the_device_reads_its_taps_and_stays_exact():

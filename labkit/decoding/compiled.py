@@ -5,8 +5,10 @@ commit on gpt-fast's decode path (static.py), so that on a GPU a step costs what
 cost, not what launching them from Python costs:
 
 1. The target sits in a `StaticKVCache`. The verify forward feeds the last committed token and K
-   draft tokens, padded to a fixed width: K is rounded up to a bucket of `BUCKETS` = (1, 2, 4, 8),
-   so the verify has four shapes (five or six with max_gamma=16 or 32). Each shape is compiled once by torch.compile and, on CUDA,
+   draft tokens, padded to a fixed width: K is rounded up to a bucket of `BUCKETS` = (0, 1, 2, 4, 8),
+   so the verify has five shapes (six or seven with max_gamma=16 or 32); K = 0, a plain step (a cost-aware γ
+   declining to draft, the last token), is the last token alone, as plain decoding's step (a 2-token forward cost
+   1.06 one-token ones on an H100, compiled: data/bench/roofline_cuda.json). Each shape is compiled once by torch.compile and, on CUDA,
    recorded once as a CUDA graph (`FixedShapeStep`); positions and slots are tensors filled in
    place, so nothing Python-side changes between calls.
 2. A draft model drafts on the device too, in its own static cache: one-token steps, and a
@@ -41,7 +43,7 @@ from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
 from .static import compiled, prefill, static_forward
 
-BUCKETS = (1, 2, 4, 8)      # draft lengths the verify forward is compiled for; K pads up to the next one
+BUCKETS = (0, 1, 2, 4, 8)   # draft lengths the verify forward is compiled for; K pads up to the next one
 MAX_GAMMA = BUCKETS[-1]     # the default longest draft; a decoder built with max_gamma=16 or 32 adds those widths
 
 
@@ -51,11 +53,12 @@ def bucket(k: int, buckets: tuple[int, ...] = BUCKETS) -> int:
 
 
 def buckets_up_to(max_gamma: int) -> tuple[int, ...]:
-    """The verify widths of a decoder that drafts up to `max_gamma` tokens: 1, 2, 4, ... max_gamma (8, 16 or 32)."""
+    """The verify widths (in draft tokens) of a decoder that drafts up to `max_gamma` tokens: 0 (a plain step), 1, 2,
+    4, ... max_gamma (8, 16 or 32)."""
     if isinstance(max_gamma, bool) or max_gamma not in (8, 16, 32):
         raise ValueError(f"max_gamma must be 8, 16 or 32 (the longest draft the verify is compiled for), "
                          f"got {max_gamma!r}")
-    return tuple(2 ** i for i in range(max_gamma.bit_length()))
+    return (0, *(2 ** i for i in range(max_gamma.bit_length())))
 
 
 def check_static_loop(model, cuda_graph: bool, max_len: int, least: int, eager: str) -> None:
@@ -256,7 +259,7 @@ class CompiledSpeculativeDecoder(Decoder):
     compile: torch.compile every shape (`compile_backend`, default inductor; "eager" only traces, as the CPU tests
     do); cuda_graph: record every shape once (CUDA only). max_len: the static caches' slots, which must hold
     prompt + max_new_tokens + max_gamma (the verify's padding writes up to max_gamma slots past the last token).
-    max_gamma: the longest draft, 8 (verify widths 1, 2, 4, 8 draft tokens), 16 or 32 (one or two widths more to
+    max_gamma: the longest draft, 8 (verify widths 0, 1, 2, 4, 8 draft tokens), 16 or 32 (one or two widths more to
     compile: for drafters that copy long runs, as suffix decoding does).
     """
 

@@ -4,7 +4,8 @@ The eager tree loop (tree.py) is the reference; this is the same propose -> veri
 static cache of compiled.py, for drafters that propose trees (Medusa's static tree, suffix decoding's):
 
 1. Verify: the root (the last committed token) and the N tree nodes in one forward, padded to a bucket of
-   `TREE_BUCKETS` = (8, 16, 32, 64) nodes, so the verify has four shapes, each compiled once and on CUDA
+   `TREE_BUCKETS` = (0, 8, 16, 32, 64) nodes, so the verify has five shapes (0: a plain step, the root alone, as
+   plain decoding's step, where a cost-aware budget declines to draft), each compiled once and on CUDA
    recorded once as a CUDA graph. A tree's shape (parents) is laid out on the device the first time it is seen
    (`TreeLayout`: depths, ancestors, paths), so a step sends only its token ids, in one copy that does not wait;
    the RoPE positions and the ancestor block are buffers filled on the device, and the mask over the cache is
@@ -44,7 +45,7 @@ from .base import Decoder, Generation, check_drafter
 from .compiled import Clock, FixedShapeStep, check_static_loop, sample_without_sync
 from .static import prefill
 
-TREE_BUCKETS = (8, 16, 32, 64)     # tree sizes the verify forward is compiled for; N nodes pad up to the next one
+TREE_BUCKETS = (0, 8, 16, 32, 64)  # tree sizes the verify forward is compiled for; N nodes pad up to the next one
 MAX_NODES = TREE_BUCKETS[-1]
 
 
@@ -75,7 +76,7 @@ def lay_out(tree: Tree, width: int, device: torch.device | str = "cpu") -> TreeL
     block[1:, 1:] = ancestors
     depth = torch.zeros(B, dtype=torch.long)
     depth[:N] = tree.depth
-    D = max(1, int(depth.max()))
+    D = max(1, int(depth.max())) if N else 1
     path_rows = torch.arange(1, B + 1)[:, None].repeat(1, D)                     # (B, D)
     node, ancestor = tree.mask.nonzero(as_tuple=True)                            # parents come first: by depth
     path_rows[node, depth[ancestor] - 1] = 1 + ancestor
@@ -144,7 +145,10 @@ def sampled_tree_accept_on_device(t: TreeLayout, nodes: torch.Tensor, p_target: 
 
 def deepest_good_path(t: TreeLayout, good: torch.Tensor, picks: torch.Tensor) -> TreeAcceptanceOnDevice:
     """The first of the deepest nodes whose whole path is good (B,), and the pick (1+B,) after it. Every index is a
-    one-element tensor, never a 0-d one: indexing with a 0-d tensor reads it back to the host (on a GPU, a sync)."""
+    one-element tensor, never a 0-d one: indexing with a 0-d tensor reads it back to the host (on a GPU, a sync).
+    A plain step (B = 0) keeps the root and the pick after it."""
+    if good.numel() == 0:
+        return TreeAcceptanceOnDevice(picks.new_zeros(()), picks.new_zeros(1), picks[0])
     whole_path_good = ~(t.ancestors & ~good).any(-1)                             # (B,)
     score = torch.where(whole_path_good, t.depth, 0)                             # (B,)
     best = score.argmax().view(1)                                                # (1,) the first of the deepest
@@ -317,7 +321,7 @@ class CompiledTreeDecoder(Decoder):
     def layout(self, tree: Tree) -> TreeLayout:
         """The tree's shape laid out at its bucket's width on the device, made the first time the shape is seen (a
         static tree, or a replay, has a few shapes; a dynamic tree's are kept up to 1024)."""
-        width = tree_bucket(max(1, tree.n_nodes))
+        width = tree_bucket(tree.n_nodes)
         key = (width, *tree.parents.tolist())
         if key not in self.layouts:
             if len(self.layouts) >= 1024:
