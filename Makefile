@@ -86,7 +86,7 @@ gpu-check:
 	PYTHONPATH=. PYTHONUNBUFFERED=1 $(GPU_PY) scripts/gpu_check.py
 
 
-# Multi-token prediction (issue 4): retrain the byte-level models of data/mtp/, then re-measure
+# Multi-token prediction: retrain the byte-level models of data/mtp/, then re-measure
 # the loss memory and the comparison table. The 600-step fp32 configs take 15-29 min each on one core
 # here (the 10-layer-trunk *_t10 ones ~44 min); the 300-step bf16-autocast ones 9-18 min where the CPU
 # has native bf16, ~10x that on AVX2 only.

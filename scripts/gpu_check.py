@@ -7,7 +7,9 @@
    CUDA graphs): compiled greedy decoding (StaticDecoder), compiled speculation with a zero-cost host drafter, and
    with the draft model paying its real cost; the eager loop (`speculative_generate`) on the same replay.
 3. data/bench/gpu_spec.{json,md,png} (--name: another file name; copies in $OUT when it is set), rewritten after every
-   phase. --tests all runs the whole unit tier first instead of the CUDA tests.
+   phase. --tests all runs the whole unit tier first instead of the CUDA tests. --chat adds the cost-aware methods'
+   chat replays (writing, qa and translation questions, where on a CPU they declined to draft most steps): their
+   recorded steps, plain ones included, at this GPU's costs, to see whether declining costs anything there.
 
 Random weights cannot show acceptance, so every speculative number here is REPLAYED ACCEPTANCE
 (labkit/drafters/replay.py): each step proposes the target's own continuation up to the length a real drafter
@@ -70,6 +72,13 @@ REPLAYS = {"lookup": ("data/bench/code_edit/results.jsonl", "lookup", None, Fals
            "draft": ("data/bench/all_drafters/results.jsonl", "draft-cost-aware", None, False),  # the draft model's
            "medusa": ("data/bench/eagle3_trees/results.jsonl", "medusa", "coding", True),        # Medusa's heads'
            "eagle3": ("data/bench/eagle3_trees/results.jsonl", "eagle3-tree", "coding", True)}   # an EAGLE-3 head's
+# --chat: the cost-aware methods on conversational questions, where they decline to draft most steps: their own
+# recorded steps (the CPU's choices, plain steps included) at the GPU's costs
+CHAT = ("writing", "qa", "translation")
+CHAT_RUN = "data/bench/never_slower_repeats_amd-epyc-zen5/all_5_rounds_plain_step/questions_21/results.jsonl"
+CHAT_REPLAYS = {f"{key}-chat": (CHAT_RUN, f"{key}-cost-aware", CHAT, tree)
+                for key, tree in (("lookup", False), ("draft", False), ("suffix", True), ("medusa", True),
+                                  ("eagle3", True))}
 CAPS = {"suffix": 16}               # a chain replay's longest draft where not 8 (the compiled verify's widths)
 LONGEST = max(CAPS.values())
 HEADS = ROOT / "data" / "heads"
@@ -260,7 +269,8 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
     # 2. compiled speculation, replaying each recorded acceptance; one decoder, so the second drafter reuses the
     #    verify shapes the first compiled
     compiled, dec = set(), None
-    for key, draft_model in (("lookup", None), ("suffix", None), ("draft", draft)):
+    chains = [k for k in result["recorded"] if not result["recorded"][k]["tree"]]
+    for key, draft_model in ((k, draft if k.startswith("draft") else None) for k in chains):
         recorded, cap = result["recorded"][key]["steps"], CAPS.get(key, 8)
         shapes = {("verify", bucket(g, buckets_up_to(LONGEST))) for g, _ in recorded} | ({("draft", 1), ("draft", 2)} if draft_model else set())
         need = len(shapes - compiled) * per_shape.get(mode["label"], 40.0) + 20 if compiling else 20
@@ -279,7 +289,8 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
             compile_s = time.perf_counter() - t0
             gen, util = sample(partial(dec.generate, prompt, new, gamma=cap), key)
             label = (f"compiled speculation ({mode['label']}), replayed {result['recorded'][key]['method']} "
-                     "acceptance, " + ("zero draft cost" if draft_model is None else "the draft model's real cost"))
+                     f"{acceptance_of(result['recorded'][key])}, "
+                     + ("zero draft cost" if draft_model is None else "the draft model's real cost"))
             rows.append(spec_row(label, gen, replay, continuation, ar, target.args,
                                  None if draft_model is None else draft_model.args, max_len, peak, full=cap,
                                  replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util))
@@ -314,6 +325,9 @@ def tree_drafter(key: str, target: Transformer, mode: dict, continuation: list[i
     """(the replay, the replay paced by its head's real cost): Medusa's four heads on the target's LM head
     (MedusaDrafter itself, random weights) or EAGLE-3's tree drafting on the device (eagle3_drafter)."""
     replay = ReplayTreeDrafter(continuation, recorded, target.vocab_size, depth=6)
+    key = key.removesuffix("-chat")
+    if key == "suffix":                                              # suffix decoding drafts on the host: free
+        return replay, replay
     if key == "medusa":
         config = json.loads(next(HEADS.glob("medusa-*/config.json")).read_text())
         heads = MedusaHeads(target.lm_head, config["n_heads"]).to(target.device)
@@ -328,13 +342,15 @@ def bench_trees(name: str, target: Transformer, mode: dict, prompt: torch.Tensor
     """Compiled tree speculation replaying Medusa's and EAGLE-3's coding acceptance, each paced by its head's real
     cost: Medusa's four heads on the target's LM head (MedusaDrafter itself, random weights), EAGLE-3's tree drafting
     on the device (eagle3_drafter), which reads three blocks' outputs from the verify. One decoder: the second reuses the verify shape the first compiled."""
-    max_len, dec = prompt.numel() + new + 64, None
-    for key in ("medusa", "eagle3"):
+    max_len, dec, compiled = prompt.numel() + new + 64, None, set()
+    for key in (k for k in result["recorded"] if result["recorded"][k]["tree"]):
         recorded = result["recorded"][key]["steps"]
-        full = max(g for g, _ in recorded)
-        need = (per_shape_s := result["per_shape_compile_s"].get(mode["label"], 40.0)) + 30
-        if not budget.allows(need if dec is None else 30, f"{name}, {mode['label']}, tree replay {key}"):
+        full, sizes = max(g for g, _ in recorded), {tree_bucket(min(g, MAX_TREE)) for g, _ in recorded}
+        per_shape_s = result["per_shape_compile_s"].get(mode["label"], 40.0)
+        need = len(sizes - compiled) * per_shape_s + 30
+        if not budget.allows(need, f"{name}, {mode['label']}, tree replay {key}"):
             continue
+        compiled |= sizes
         with phase(result, f"{name}, {mode['label']}, tree replay {key}"):
             t0 = time.perf_counter()
             replay, drafter = tree_drafter(key, target, mode, continuation, recorded, max_len)
@@ -342,19 +358,31 @@ def bench_trees(name: str, target: Transformer, mode: dict, prompt: torch.Tensor
                 dec = CompiledTreeDecoder(target, drafter, max_len, **mode["static"])
             else:
                 dec.use_drafter(drafter)
-            dec.warmup([full])
+            dec.warmup(sorted(sizes))
             dec.generate(prompt, 16, budget=full)  # a first run's eager glue (acceptance, commit) loads its kernels
             compile_s = time.perf_counter() - t0
             sample = timed if target.device.type == "cuda" else (lambda fn, label: (fn(), None))
             gen, util = sample(partial(dec.generate, prompt, new, budget=full), key)
+            base = key.removesuffix("-chat")
             label = (f"compiled tree speculation ({mode['label']}), replayed {result['recorded'][key]['method']} "
-                     f"coding acceptance, {full}-node trees, "
-                     + ("the Medusa heads' real cost" if key == "medusa" else
-                        "the EAGLE-3 head's real cost, its tree grown on the device (DeviceEagleDrafter)"))
+                     f"{acceptance_of(result['recorded'][key])}, trees of up to {full} nodes, "
+                     + {"medusa": "the Medusa heads' real cost", "suffix": "zero draft cost",
+                        "eagle3": "the EAGLE-3 head's real cost, its tree grown on the device (DeviceEagleDrafter)"
+                        }[base])
             rows.append(spec_row(label, gen, replay, continuation, ar, target.args, None, max_len, peak, tree=True,
                                  full=full, replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util,
                                  per_shape_estimate_s=per_shape_s))
     del dec
+
+
+def acceptance_of(recorded: dict) -> str:
+    """How a table names a replay's acceptance: its questions' category (or categories)."""
+    category = recorded["category"]
+    if category is None:
+        return "acceptance"
+    if isinstance(category, str):
+        return f"{category} acceptance"
+    return f"chat acceptance ({', '.join(category)}: its recorded choices, plain steps included)"
 
 
 def bench_eager(name: str, target: Transformer, draft: Transformer, prompt: torch.Tensor, new: int,
@@ -461,7 +489,9 @@ def plot(result: dict):
     for ax, run in zip(axes[0], runs):
         vals = [r["tokens_per_s"] for r in run["rows"]]
         colors = {"AR": "C7", "lookup": "C2", "suffix": "C5", "draft": "C1", "medusa": "C4", "eagle3": "C3", "transformers": "C0"}
-        bars = ax.bar(range(len(vals)), vals, color=[colors[r.get("replay", "AR")] for r in run["rows"]])
+        bars = ax.bar(range(len(vals)), vals, color=[colors[r.get("replay", "AR").removesuffix("-chat")]
+                                                     for r in run["rows"]],
+                      hatch=[("//" if r.get("replay", "").endswith("-chat") else "") for r in run["rows"]])
         for b, r in zip(bars, run["rows"]):
             ax.annotate(f"{r['speedup']:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
                         va="bottom", fontsize=8)
@@ -488,6 +518,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=160)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, steps traced, no tests or graphs")
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--chat", action="store_true", help="also the cost-aware methods' chat replays (" + ", ".join(CHAT)
+                    + "): their recorded steps, mostly plain, at this GPU's costs")
     ap.add_argument("--tests", choices=("cuda", "all"), default="cuda",
                     help="cuda: the CUDA tests of the compiled loops; all: the whole unit tier (tests/)")
     ap.add_argument("--tree-pairs", default="1.5b", help="the pairs whose target also runs the tree replays")
@@ -520,14 +552,14 @@ def main(argv=None) -> dict:
               "label": "replayed acceptance", "tests": {}, "recorded": {}, "runs": [], "skipped": budget.skipped,
               "errors": [], "name": args.name,
               "per_shape_compile_s": {}}            # per mode, the first compile measured (a guess of 40 s before)
-    for key, (source, method, category, tree) in REPLAYS.items():
+    for key, (source, method, category, tree) in {**REPLAYS, **(CHAT_REPLAYS if args.chat else {})}.items():
         steps = load_recorded_steps(ROOT / source, method, max_gamma=MAX_TREE if tree else CAPS.get(key, 8),
                                     category=category)
         accepted, proposed = sum(n for _, n in steps), sum(g for g, _ in steps)
         result["recorded"][key] = {"source": source, "method": method, "category": category, "steps": steps,
                                    "tokens_per_step": (accepted + len(steps)) / len(steps),
                                    "acceptance_rate": accepted / max(1, proposed),
-                                   "longest": MAX_TREE if tree else CAPS.get(key, 8)}
+                                   "longest": MAX_TREE if tree else CAPS.get(key, 8), "tree": tree}
     if args.smoke:
         dtype, pairs = torch.float32, [("smoke", SMOKE_ARGS, replace(SMOKE_ARGS, n_layers=1), True)]
         modes = [{"label": "static, traced a block at a time (smoke)", "trees": True,

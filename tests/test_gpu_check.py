@@ -13,16 +13,21 @@ def test_smoke_run_writes_every_output_and_replays_the_recorded_acceptance(tmp_p
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
-    result = gpu_check.main(["--smoke", "--out", str(tmp_path), "--prompt-len", "12", "--new-tokens", "32"])
+    result = gpu_check.main(["--smoke", "--chat", "--out", str(tmp_path), "--prompt-len", "12", "--new-tokens", "32"])
     assert [run["mode"] for run in result["runs"]] == ["static, traced a block at a time (smoke)", "eager loop"]
     rows = result["runs"][0]["rows"] + result["runs"][1]["rows"]
-    assert [r["method"].split(" (")[0] for r in rows] == ["compiled AR"] + ["compiled speculation"] * 3 \
-        + ["compiled tree speculation"] * 2 + ["eager loop"] * 2
-    assert [r.get("replay") for r in rows] == [None, "lookup", "suffix", "draft", "medusa", "eagle3", "lookup", "draft"]
+    assert [r["method"].split(" (")[0] for r in rows] == ["compiled AR"] + ["compiled speculation"] * 5 \
+        + ["compiled tree speculation"] * 5 + ["eager loop"] * 2
+    assert [r.get("replay") for r in rows] == [None, "lookup", "suffix", "draft", "lookup-chat", "draft-chat", "medusa",
+                                               "eagle3", "suffix-chat", "medusa-chat", "eagle3-chat", "lookup", "draft"]
+    chat = result["recorded"]["eagle3-chat"]          # the cost-aware trees' choices on chat: mostly plain steps
+    assert chat["method"] == "eagle3-cost-aware" and sum(g == 0 for g, _ in chat["steps"]) > len(chat["steps"]) / 2
+    assert "chat acceptance (writing, qa, translation" in rows[-3]["method"]
     suffix = result["recorded"]["suffix"]                    # suffix decoding's long drafts: up to 16 tokens
     assert suffix["longest"] == 16 and max(g for g, _ in suffix["steps"]) > 8 and suffix["tokens_per_step"] > 2.3
     assert all(r["replay_equals_recorded"] and r["tokens_equal_continuation"] for r in rows[1:])
-    assert all(r["predicted_speedup"] and r["measured_over_predicted"] for r in rows[1:])   # the step-wise prediction
+    drafting = [r for r in rows[1:] if r["draft_ms_per_token"] > 0]         # (a chat replay's first steps: all plain)
+    assert len(drafting) >= 10 and all(r["predicted_speedup"] and r["measured_over_predicted"] for r in drafting)
     for name in ("gpu_spec.json", "gpu_spec.md", "gpu_spec.png"):
         assert (tmp_path / name).is_file() and (tmp_path / "device_out" / name).is_file()
     assert json.loads((tmp_path / "gpu_spec.json").read_text())["label"] == "replayed acceptance"

@@ -130,9 +130,9 @@ def read_results(path: Path) -> list[dict]:
 
 
 def load_recorded_steps(results: str | Path, method: str, max_gamma: int | None = None,
-                        category: str | None = None) -> list[tuple[int, int]]:
+                        category: str | tuple[str, ...] | None = None) -> list[tuple[int, int]]:
     """Every step (γ, n_accepted) of `method`'s runs in a benchmark's results.jsonl, question after question
-    (only `category`'s questions, when given).
+    (only `category`'s questions, or those of any of several categories, when given).
 
     A step's record is [γ, n_accepted, bonus, draft s, verify s] (labkit.bench.runner); a tree method's γ is its
     node count. With `max_gamma`, longer drafts are cut to it (n_accepted too): what a verify of at most
@@ -143,11 +143,13 @@ def load_recorded_steps(results: str | Path, method: str, max_gamma: int | None 
         raise ValueError(f"{path} does not exist: give a benchmark's results.jsonl, such as "
                          "data/bench/code_edit/results.jsonl")
     steps, methods = [], set()
+    categories = None if category is None else {category} if isinstance(category, str) else set(category)
     for record in read_results(path):
         if "method" not in record:
             continue                                   # a run's meta line
         methods.add(record["method"])
-        if record["method"] != method or not record.get("steps") or category not in (None, record.get("category")):
+        if record["method"] != method or not record.get("steps") or \
+                (categories is not None and record.get("category") not in categories):
             continue
         recorded = json.loads(record["steps"]) if isinstance(record["steps"], str) else record["steps"]
         for gamma, n, *_ in recorded:

@@ -85,6 +85,8 @@ class ReplayTreeDrafter(ReplayDrafter):
                 generator: torch.Generator | None = None) -> Proposal:
         chain = super().propose(tokens, k, sampling, generator).tokens.tolist()  # (γ,) n right, then wrong
         gamma, n = self.replayed[-1]
+        if gamma == 0:                                                           # a recorded plain step
+            return Proposal.empty(tokens)
         done = tokens.numel() - self.prompt_len
         d = min(gamma, max(self.depth, n + 1))                                   # the first path's length
         extra = gamma - d                                                        # siblings, round robin from the root
