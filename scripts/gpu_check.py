@@ -58,7 +58,13 @@ from labkit.decoding.compiled_tree import CompiledTreeDecoder, tree_bucket  # no
 from labkit.decoding.static import StaticDecoder  # noqa: E402
 from labkit.drafters.eagle_device import DeviceEagleDrafter  # noqa: E402
 from labkit.drafters.medusa import MedusaDrafter, medusa_tree
-from labkit.drafters.replay import PacedDrafter, ReplayDrafter, ReplayTreeDrafter  # noqa: E402
+from labkit.drafters.replay import (  # noqa: E402
+    PacedDrafter,
+    ReplayDrafter,
+    ReplayedBudget,
+    ReplayedGamma,
+    ReplayTreeDrafter,
+)
 from labkit.hw import SHAPES, decode_cost, describe, verify_cost  # noqa: E402
 from labkit.models.eagle_heads import Eagle3Head, EagleConfig
 from labkit.models.medusa_heads import MedusaHeads
@@ -193,9 +199,10 @@ def decode_rate(gen, first_from_prefill: bool) -> float:
 
 
 def spec_row(label: str, gen, drafter: ReplayDrafter, continuation: list[int], ar: dict, target_args, draft_args,
-             context: int, peak: float | None, tree: bool = False, full: int = 8, **extra) -> dict:
+             context: int, peak: float | None, tree: bool = False, full: int = 8, follows: bool = False,
+             **extra) -> dict:
     """A speculative run's numbers beside the compiled AR baseline of its pair and mode (a tree run's: tree=True,
-    `full` nodes asked a step)."""
+    `full` nodes asked a step; follows: its γ or tree size came from the recording, ReplayedGamma / ReplayedBudget)."""
     steps = gen.trace.steps
     rate = decode_rate(gen, first_from_prefill=False)
     as_lists = [[s.gamma, s.n_accepted, int(s.bonus), s.draft_time, s.verify_time] for s in steps]
@@ -213,6 +220,11 @@ def spec_row(label: str, gen, drafter: ReplayDrafter, continuation: list[int], a
     # the recording, cycled, against what ran, up to the steps whose draft max_new_tokens cut short (the last few)
     replayed = [(s.gamma, s.n_accepted) for s in steps if s.asked == full]
     recorded = (drafter.recorded * (len(steps) // len(drafter.recorded) + 1))[:len(replayed)]
+    if follows:       # every step: what the replay set up, each its recorded step, cut only where the run's end capped it
+        replayed, recorded = [(s.gamma, s.n_accepted) for s in steps], drafter.replayed[:len(steps)]
+        cycled = (drafter.recorded * (len(steps) // len(drafter.recorded) + 1))[:len(recorded)]
+        if not all(g <= g_rec and n == min(n_rec, g) for (g, n), (g_rec, n_rec) in zip(recorded, cycled)):
+            recorded = cycled
     row = {"method": label, "tokens_per_s": rate, "speedup": rate / ar["tokens_per_s"], "predicted_speedup": predicted,
            "leviathan_closed_form_speedup": closed_form,
            "measured_over_predicted": rate / ar["tokens_per_s"] / predicted if predicted else None,
@@ -285,15 +297,18 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
             else:
                 dec.use_drafter(drafter)
             dec.warmup(g for g, _ in recorded)
-            dec.generate(prompt, 16, gamma=cap)    # a first run's eager glue (acceptance, commit) loads its kernels
+            # a chat replay's γ comes from its recording, plain steps included, as its cost-aware policy chose them
+            gamma = ReplayedGamma(replay) if key.endswith("-chat") else cap
+            dec.generate(prompt, 16, gamma=gamma)  # a first run's eager glue (acceptance, commit) loads its kernels
             compile_s = time.perf_counter() - t0
-            gen, util = sample(partial(dec.generate, prompt, new, gamma=cap), key)
+            gen, util = sample(partial(dec.generate, prompt, new, gamma=gamma), key)
             label = (f"compiled speculation ({mode['label']}), replayed {result['recorded'][key]['method']} "
                      f"{acceptance_of(result['recorded'][key])}, "
                      + ("zero draft cost" if draft_model is None else "the draft model's real cost"))
             rows.append(spec_row(label, gen, replay, continuation, ar, target.args,
                                  None if draft_model is None else draft_model.args, max_len, peak, full=cap,
-                                 replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util))
+                                 follows=key.endswith("-chat"), replay=key, compile_s=compile_s,
+                                 nvml_dram_bw_util_pct=util))
     del dec
     if mode.get("trees"):
         bench_trees(name, target, mode, prompt, new, continuation, ar, result, budget, peak, rows)
@@ -359,10 +374,11 @@ def bench_trees(name: str, target: Transformer, mode: dict, prompt: torch.Tensor
             else:
                 dec.use_drafter(drafter)
             dec.warmup(sorted(sizes))
-            dec.generate(prompt, 16, budget=full)  # a first run's eager glue (acceptance, commit) loads its kernels
+            nodes = ReplayedBudget(replay) if key.endswith("-chat") else full       # as for the chains' γ
+            dec.generate(prompt, 16, budget=nodes)  # a first run's eager glue (acceptance, commit) loads its kernels
             compile_s = time.perf_counter() - t0
             sample = timed if target.device.type == "cuda" else (lambda fn, label: (fn(), None))
-            gen, util = sample(partial(dec.generate, prompt, new, budget=full), key)
+            gen, util = sample(partial(dec.generate, prompt, new, budget=nodes), key)
             base = key.removesuffix("-chat")
             label = (f"compiled tree speculation ({mode['label']}), replayed {result['recorded'][key]['method']} "
                      f"{acceptance_of(result['recorded'][key])}, trees of up to {full} nodes, "
@@ -370,8 +386,8 @@ def bench_trees(name: str, target: Transformer, mode: dict, prompt: torch.Tensor
                         "eagle3": "the EAGLE-3 head's real cost, its tree grown on the device (DeviceEagleDrafter)"
                         }[base])
             rows.append(spec_row(label, gen, replay, continuation, ar, target.args, None, max_len, peak, tree=True,
-                                 full=full, replay=key, compile_s=compile_s, nvml_dram_bw_util_pct=util,
-                                 per_shape_estimate_s=per_shape_s))
+                                 full=full, follows=key.endswith("-chat"), replay=key, compile_s=compile_s,
+                                 nvml_dram_bw_util_pct=util, per_shape_estimate_s=per_shape_s))
     del dec
 
 

@@ -28,6 +28,7 @@ from labkit import (
 )
 from labkit.bench.runner import load_recorded_steps
 from labkit.core.adaptive import GammaPolicy
+from labkit.core.trace import Step
 from labkit.decoding.compiled import (
     BUCKETS,
     CompiledSpeculativeDecoder,
@@ -37,7 +38,7 @@ from labkit.decoding.compiled import (
     greedy_accept_on_device,
     speculative_accept_on_device,
 )
-from labkit.drafters.replay import PacedDrafter, ReplayDrafter
+from labkit.drafters.replay import PacedDrafter, ReplayDrafter, ReplayedGamma
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and inductor's GPU code need a GPU")
@@ -72,36 +73,61 @@ def test_greedy_equals_autoregressive_for_every_bucket(pair, which, compile):
             assert dec.cache.length == len(dec.tokens) - 1        # every committed token but the last
 
 
-class EveryOtherStepPlain(GammaPolicy):
-    """γ = 0 (a plain step) on every other step, 3 between: what a cost-aware γ does where drafting does not pay."""
+class Pattern(GammaPolicy):
+    """γ by step, cycling (0: a plain step), driven by the steps taken, not by how often it is asked; it knows its
+    coming plain steps, as a cost-aware γ knows its steps until the next probe."""
 
-    def __init__(self):
-        self.n = 0
+    def __init__(self, pattern: list[int]):
+        self.pattern, self.seen = pattern, 0
 
     def gamma(self) -> int:
-        self.n += 1
-        return 0 if self.n % 2 else 3
+        return self.pattern[self.seen % len(self.pattern)]
 
     def update(self, step) -> None:
-        pass
+        self.seen += 1
+
+    def plain_steps(self) -> int:
+        n = 0
+        while n < len(self.pattern) and self.pattern[(self.seen + n) % len(self.pattern)] == 0:
+            n += 1
+        return max(1, n)
+
+
+PLAIN_RUNS = [0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]      # runs of 5 and 10 plain steps
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.8)], ids=["greedy", "sampled"])
-def test_a_plain_step_verifies_the_last_token_alone(pair, sampling, monkeypatch):
-    """γ = 0 runs the one-token verify shape, as plain decoding's step, not the two-token one; greedy output stays
-    plain decoding's, and a sampled plain step commits one token."""
+def test_plain_steps_run_on_the_device_one_token_wide(pair, sampling, monkeypatch):
+    """Where the policy says γ = 0 and knows more plain steps follow, they run back to back (up to PLAIN_RUN, one
+    host sync), each verifying the last token alone; every token is still a step of its own, the policy is told of
+    each, and greedy output and steps are the eager loop's under the same policy."""
     target, draft = pair
-    called = []
-    call = compiled.FixedShapeStep.__call__
+    called, runs = [], []
+    call, run = compiled.FixedShapeStep.__call__, CompiledSpeculativeDecoder.plain_run
     monkeypatch.setattr(compiled.FixedShapeStep, "__call__", lambda self: called.append(self) or call(self))
-    dec = CompiledSpeculativeDecoder(target, DraftModelDrafter(draft), max_len=64)
-    out = dec.generate(PROMPTS[0], max_new_tokens=30, gamma=EveryOtherStepPlain(), sampling=sampling, seed=0)
+    monkeypatch.setattr(CompiledSpeculativeDecoder, "plain_run", lambda self, r: runs.append(r) or run(self, r))
+    dec = CompiledSpeculativeDecoder(target, DraftModelDrafter(draft), max_len=96)
+    out = dec.generate(PROMPTS[0], max_new_tokens=50, gamma=Pattern(PLAIN_RUNS), sampling=sampling, seed=0)
     widths = [step.tokens.shape[1] for step in called if step in dec.verify_steps.values()]   # not the draft's
     plain = [s for s in out.trace.steps if s.asked == 0]
-    assert plain and all(s.gamma == 0 and s.n_accepted == 0 for s in plain)
-    assert widths.count(1) == len(plain) and 5 in widths             # 3 drafted: the 4-token bucket and the root
+    assert [s.asked for s in out.trace.steps[:18]] == PLAIN_RUNS and out.trace.n_generated == 50
+    assert widths.count(1) == len(plain) and 2 not in widths[:-1] and runs[:4] == [5, 8, 2, 5]
+    assert all(s.gamma == 0 and s.n_accepted == 0 for s in plain)
     if sampling.greedy:
-        assert out.tokens == autoregressive_generate(target, PROMPTS[0], max_new_tokens=30).tokens
+        eager = speculative_generate(target, DraftModelDrafter(draft), PROMPTS[0], 50, gamma=Pattern(PLAIN_RUNS))
+        assert out.tokens == eager.tokens == autoregressive_generate(target, PROMPTS[0], max_new_tokens=50).tokens
+        assert [(s.gamma, s.n_accepted) for s in out.trace.steps] == [(s.gamma, s.n_accepted) for s in eager.trace.steps]
+
+
+def test_a_cost_aware_gamma_knows_its_plain_steps_until_the_next_probe():
+    policy = CostAwareGamma(start=4, max_gamma=8, probe_every=8, warmup=1)
+    policy.update(Step([1, 2, 3, 4], 0, 5, False, 0.01, 0.01))          # a draft that costs a step and is never right
+    assert policy.gamma() == 0 and policy.plain_steps() == 8
+    for _ in range(3):
+        policy.update(Step([], 0, 5, True, 0.0, 0.01))
+    assert policy.gamma() == 0 and policy.plain_steps() == 5              # the probe stays where it was
+    policy.expect_shadows()
+    assert policy.plain_steps() == 1                                      # a shadow may come on any plain step
 
 
 def test_longer_drafts_compile_wider_verifies_and_stay_exact(pair):
@@ -296,6 +322,20 @@ def recorded_run(target, prompt, recorded, max_new_tokens):
     return ReplayDrafter(continuation, recorded, target.vocab_size), continuation
 
 
+def test_a_replayed_policy_replays_the_recorded_plain_steps_as_runs(pair, monkeypatch):
+    """ReplayedGamma: a recording's γ choices, plain steps included, as the policy that made them; the compiled loop
+    takes each recorded run of plain steps at once, and the trace is the recording."""
+    target, draft = pair
+    recorded = [(0, 0)] * 5 + [(4, 2)] + [(0, 0)] * 3 + [(8, 0), (3, 3)]
+    replay, continuation = recorded_run(target, PROMPTS[0], recorded, max_new_tokens=40)
+    runs, run = [], CompiledSpeculativeDecoder.plain_run
+    monkeypatch.setattr(CompiledSpeculativeDecoder, "plain_run", lambda self, r: runs.append(r) or run(self, r))
+    dec = CompiledSpeculativeDecoder(target, PacedDrafter(replay, DraftModelDrafter(draft)), max_len=64)
+    out = dec.generate(PROMPTS[0], 40, gamma=ReplayedGamma(replay))
+    assert out.tokens == continuation and not replay.diverged and runs[:3] == [5, 3, 5]
+    assert [(s.gamma, s.n_accepted) for s in out.trace.steps][:22] == (recorded * 2)[:22] == replay.replayed[:22]
+
+
 @pytest.mark.parametrize("paced", [False, True], ids=["replay", "paced-by-a-draft-model"])
 def test_replayed_acceptance_is_the_recorded_one_eager_and_compiled(pair, paced):
     target, draft = pair
@@ -388,6 +428,12 @@ def test_cuda_chain_step_makes_one_host_sync():
         for sampling in samplings:
             dec.start(prompt, 40, gamma=4, sampling=sampling, seed=0)
             assert [host_syncs(dec.step) for _ in range(4)] == [1] * 4, (drafter.name, sampling)
+    dec = CompiledSpeculativeDecoder(target, DraftModelDrafter(draft), max_len=96, cuda_graph=True)
+    dec.generate(prompt, max_new_tokens=50, gamma=Pattern(PLAIN_RUNS))          # records the graphs
+    for sampling in (greedy, sampled):                                           # runs of 5, 8 and 2 plain steps
+        dec.start(prompt, 50, gamma=Pattern(PLAIN_RUNS), sampling=sampling, seed=0)
+        assert [host_syncs(dec.step) for _ in range(4)] == [1] * 4, ("plain runs", sampling)
+        assert dec.trace.n_generated >= 15
 
 
 @CUDA

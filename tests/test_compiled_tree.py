@@ -37,7 +37,7 @@ from labkit.drafters.draft_model import DraftModelDrafter
 from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.eagle_device import DeviceEagleDrafter
 from labkit.drafters.medusa import MedusaDrafter
-from labkit.drafters.replay import CostOnly, PacedDrafter, ReplayTreeDrafter
+from labkit.drafters.replay import CostOnly, PacedDrafter, ReplayedBudget, ReplayTreeDrafter
 from labkit.drafters.suffix import SuffixDrafter
 from labkit.models.eagle_heads import Eagle3Head, EagleConfig, EagleHead
 from labkit.models.medusa_heads import MedusaHeads
@@ -130,6 +130,21 @@ def test_replayed_tree_acceptance_is_the_recorded_one(target):
                                                                              for s in out.trace.steps)
 
 
+def test_a_replayed_budget_replays_the_recorded_plain_steps_as_runs(target, monkeypatch):
+    """ReplayedBudget: a recording's tree sizes, plain steps included, as the budget that chose them; the compiled
+    loop takes each recorded run of plain steps at once, and the trace is the recording."""
+    prompt = PROMPTS[2]
+    continuation = autoregressive_generate(target, prompt, max_new_tokens=60).tokens
+    recorded = [(0, 0)] * 5 + [(12, 2)] + [(0, 0)] * 3 + [(20, 1), (9, 3)]
+    replay = ReplayTreeDrafter(continuation, recorded, target.vocab_size, depth=6)
+    runs, run = [], CompiledTreeDecoder.plain_run
+    monkeypatch.setattr(CompiledTreeDecoder, "plain_run", lambda self, r: runs.append(r) or run(self, r))
+    out = CompiledTreeDecoder(target, PacedDrafter(replay, medusa(target)), max_len=140).generate(
+        prompt, 60, budget=ReplayedBudget(replay))
+    assert out.tokens == continuation and not replay.diverged and runs[:3] == [5, 3, 5]
+    assert [(s.gamma, s.n_accepted) for s in out.trace.steps][:22] == (recorded * 2)[:22] == replay.replayed[:22]
+
+
 def test_a_replay_paced_by_medusa_heads_or_a_cost_reads_features_and_stays_exact(target):
     prompt = PROMPTS[0]
     continuation = autoregressive_generate(target, prompt, max_new_tokens=30).tokens
@@ -216,35 +231,54 @@ def test_eagle_trees_drafted_on_the_device_are_the_reference_trees(kind, compile
         assert max(s.n_accepted for s in fast.trace.steps) >= 2
 
 
-class EveryOtherStepPlain(FixedBudget):
-    """No tree (a plain step) on every other step: what a cost-aware budget does where drafting does not pay."""
+class Pattern(FixedBudget):
+    """Budgets by step, cycling (0: a plain step), driven by the steps taken, not by how often it is asked; it knows
+    its coming plain steps, as a cost-aware budget knows its steps until the next exploring one."""
 
-    def __init__(self, nodes: int):
-        super().__init__(nodes)
-        self.n = 0
+    def __init__(self, pattern: list[int]):
+        super().__init__(max(pattern))
+        self.pattern, self.seen = pattern, 0
 
     def budget(self) -> int:
-        self.n += 1
-        return 0 if self.n % 2 else self.nodes
+        return self.pattern[self.seen % len(self.pattern)]
+
+    def update(self, step) -> None:
+        self.seen += 1
+
+    def plain_steps(self) -> int:
+        n = 0
+        while n < len(self.pattern) and self.pattern[(self.seen + n) % len(self.pattern)] == 0:
+            n += 1
+        return max(1, n)
+
+    def shadow_size(self) -> int:                  # asked by the eager loop on a plain step: no shadows
+        return 0
+
+
+PLAIN_RUNS = [0, 0, 0, 0, 0, 12, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16]   # runs of 5 and 10 plain steps
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle3 on the device"])
-def test_a_plain_step_verifies_the_root_alone(kind, monkeypatch):
-    """A step without a tree runs the one-token verify shape (the root alone, as plain decoding's step), not the
-    8-node one; the drafter still gets that position's features, and greedy output stays plain decoding's."""
+def test_plain_steps_run_on_the_device_one_token_wide(kind, monkeypatch):
+    """Where the budget says 0 and knows more plain steps follow, they run back to back (up to PLAIN_RUN, one host
+    sync), each verifying the root alone, not a padded 8-node tree; every token is a step of its own, the drafter
+    gets every position's features afterwards (an EAGLE head catches up on 8 pairs at once), and output and steps
+    are the eager tree loop's under the same budgets."""
     model, head = eagle_pair("eagle3")
-    drafter = medusa(model) if kind == "medusa" else DeviceEagleDrafter(head, model, top_k=4, depth=5)
-    called = []
-    call = compiled.FixedShapeStep.__call__
+    make = (lambda: medusa(model)) if kind == "medusa" else (lambda: DeviceEagleDrafter(head, model, top_k=4, depth=5))
+    called, runs = [], []
+    call, run = compiled.FixedShapeStep.__call__, CompiledTreeDecoder.plain_run
     monkeypatch.setattr(compiled.FixedShapeStep, "__call__", lambda self: called.append(self) or call(self))
+    monkeypatch.setattr(CompiledTreeDecoder, "plain_run", lambda self, r: runs.append(r) or run(self, r))
     prompt = torch.tensor([5, 1, 3, 2, 7, 5, 1, 3, 2, 7, 5, 1])
-    dec = CompiledTreeDecoder(model, drafter, max_len=128)
-    out = dec.generate(prompt, 30, budget=EveryOtherStepPlain(12))
-    assert out.tokens == autoregressive_generate(model, prompt, max_new_tokens=30).tokens
+    out = CompiledTreeDecoder(model, make(), max_len=160).generate(prompt, 50, budget=Pattern(PLAIN_RUNS))
+    eager = tree_generate(model, make(), prompt, 50, budget=Pattern(PLAIN_RUNS))
+    assert out.tokens == eager.tokens == autoregressive_generate(model, prompt, max_new_tokens=50).tokens
+    assert [(s.proposed, s.path) for s in out.trace.steps] == [(s.proposed, s.path) for s in eager.trace.steps]
     widths = [step.tokens.shape[1] for step in called]
     plain = [s for s in out.trace.steps if s.asked == 0]
-    assert len(plain) >= 10 and all(s.proposed == [] for s in plain)
-    assert widths.count(1) == len(plain) and 17 in widths                  # 12 nodes: the 16-node bucket
+    assert [s.asked for s in out.trace.steps[:18]] == PLAIN_RUNS and runs[:4] == [5, 8, 2, 5]
+    assert widths.count(1) == len(plain) and 17 in widths              # 12 or 16 nodes: the 16-node bucket
 
 
 def test_a_replay_paced_by_an_eagle3_head_on_the_device_reads_its_taps_and_stays_exact():
@@ -315,6 +349,9 @@ def test_cuda_eagle_trees_drafted_on_the_device_cost_the_step_one_host_sync():
     assert dec.generate(prompt, 40, budget=32).tokens == want
     dec.start(prompt, 40, budget=32)
     assert [host_syncs(dec.step) for _ in range(4)] == [1] * 4
+    assert dec.generate(prompt, 40, budget=Pattern(PLAIN_RUNS)).tokens == want
+    dec.start(prompt, 40, budget=Pattern(PLAIN_RUNS))                         # runs of 5, 8 and 2 plain steps
+    assert [host_syncs(dec.step) for _ in range(4)] == [1] * 4 and dec.trace.n_generated >= 15
 
 
 @pytest.mark.parametrize("compile", [False, "blocks"], ids=["static", "traced-blocks"])

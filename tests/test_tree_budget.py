@@ -88,6 +88,23 @@ def test_exploring_backs_off_while_plain_steps_stay_best_and_resumes_its_pace_on
     assert all(n >= 5 for n in chosen[70:]), f"drafting resumed: {chosen[56:]}"
 
 
+def test_a_cost_aware_budget_knows_its_plain_steps_until_the_next_exploring_step():
+    """What the compiled tree loop asks on a plain step, to take the plain steps that follow at once: on every plain
+    step, how many steps remain until the budget drafts again (no shadows: the compiled loop proposes none)."""
+    policy, chosen, sure = CostAwareBudget(max_budget=16, explore_every=8, verify_curve=STEP_CURVE), [], {}
+    for i in range(60):
+        n = policy.budget()
+        chosen.append(n)
+        if n == 0:
+            sure[i] = policy.plain_steps()
+        policy.update(step(n, [], 0.1 * VerifyCurve(STEP_CURVE)(n + 1), draft=0.001 * n))
+    drafted = [i for i, n in enumerate(chosen) if n]
+    assert drafted[:3] == [0, 8, 24]
+    assert sure and all(sure[i] == min(d for d in drafted + [99] if d > i) - i for i in sure if i < drafted[2])
+    policy.expect_shadows()
+    assert policy.plain_steps() == 1                                      # a shadow may come on any plain step
+
+
 def test_budget_zero_while_nothing_is_accepted_then_drafting_again_once_it_pays():
     """A drafter that is always wrong for 24 steps, then right five nodes deep: plain steps, then trees again."""
     policy, chosen = CostAwareBudget(max_budget=16, explore_every=4), []

@@ -71,6 +71,11 @@ class GammaPolicy(ABC):
     def update(self, step: Step) -> None:
         """Learn from the step just taken."""
 
+    def plain_steps(self) -> int:
+        """Asked when gamma() has just said 0: how many steps from this one on are plain for sure (the compiled loops
+        take them at once, one host sync for all); 1 unless the policy knows more."""
+        return 1
+
     def expect_shadows(self) -> None:
         """Called by a loop that proposes shadows on plain steps (decoding.base.Decoder._shadow)."""
 
@@ -256,6 +261,13 @@ class CostAwareGamma(GammaPolicy):
         self.draft_tokens = d * self.draft_tokens + step.gamma
         if self.n_steps < self.warmup and self._cheap():     # shadows learn α for free: no more warm-up drafts
             self.n_steps = self.warmup
+
+    def plain_steps(self) -> int:
+        """Plain steps until the next probe (the interval since the last draft), where no shadow can come between
+        (a loop without shadows); a plain step's own timing cannot tip the choice sooner but by the margin."""
+        if self.k != 0 or self.shadows or self.n_steps < self.warmup:
+            return 1
+        return max(1, self.interval - self.idle)
 
     def _cheap(self) -> bool:
         """Whether a shadow of the starting length costs at most `shadow_share` of a plain step (prompt lookup's

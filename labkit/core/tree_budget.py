@@ -76,6 +76,10 @@ class FixedBudget:
     def update(self, step: Step) -> None:
         pass
 
+    def plain_steps(self) -> int:
+        """Asked when budget() has just said 0: plain steps from this one on for sure (a fixed budget never says 0)."""
+        return 1
+
     def expect_shadows(self) -> None:
         """A fixed budget learns nothing from shadows."""
 
@@ -152,6 +156,13 @@ class CostAwareBudget:
         self.exploring = self.n_steps >= self.next_explore and (best > 0 or not self.shadows)
         self.last = self.explore_budget(best) if self.exploring else best
         return self.last
+
+    def plain_steps(self) -> int:
+        """Asked when budget() has just said 0: plain steps until the next exploring step, where no shadow can come
+        between (a loop without shadows); 1 while warming up."""
+        if self.last != 0 or self.exploring or self.shadows or self.n_steps < self.warmup:
+            return 1
+        return max(1, self.next_explore - self.n_steps)
 
     def best(self) -> int:
         """The budget with the most expected tokens per second, as the remembered steps say; a tree only where it

@@ -16,7 +16,10 @@ cost, not what launching them from Python costs:
    last draft token and the bonus token after a full accept). A host drafter (prompt lookup,
    suffix, anything with a chain proposal) proposes on the CPU and hands its tokens over.
 3. Acceptance runs on the device (`greedy_accept_on_device`, `speculative_accept_on_device`); the
-   step reads the verdict and the tokens back with one host sync, its only one.
+   step reads the verdict and the tokens back with one host sync, its only one. Where the γ policy declines to
+   draft (γ = 0) and knows the next steps will be plain too (`GammaPolicy.plain_steps`: a cost-aware γ until its
+   next probe), up to `PLAIN_RUN` plain steps run back to back on the device, each feeding its token to the next,
+   and one sync reads them all, as plain decoding (static.py) does.
 4. Commit sets the target cache's length: a chain's accepted draft tokens already sit in the
    slots right after the committed ones, so nothing is copied (a tree would need `commit_path`).
 
@@ -45,6 +48,7 @@ from .static import compiled, prefill, static_forward
 
 BUCKETS = (0, 1, 2, 4, 8)   # draft lengths the verify forward is compiled for; K pads up to the next one
 MAX_GAMMA = BUCKETS[-1]     # the default longest draft; a decoder built with max_gamma=16 or 32 adds those widths
+PLAIN_RUN = 8               # plain steps a policy is sure of, taken at once: one host sync for up to 8 (as StaticDecoder)
 
 
 def bucket(k: int, buckets: tuple[int, ...] = BUCKETS) -> int:
@@ -351,9 +355,13 @@ class CompiledSpeculativeDecoder(Decoder):
 
     @torch.no_grad()
     def step(self) -> Step:
-        """propose -> verify -> accept -> commit, once; the one host sync reads the verdict."""
+        """propose -> verify -> accept -> commit, once; the one host sync reads the verdict. Where the policy says
+        γ = 0, a run of the plain steps it is sure of instead (`plain_run`)."""
         n_before, trace = len(self.tokens), self.trace
-        k = min(self.policy.gamma(), self.max_gamma, self.max_new_tokens - trace.n_generated - 1)
+        asked, left = self.policy.gamma(), self.max_new_tokens - trace.n_generated
+        k = min(asked, self.max_gamma, left - 1)
+        if k == 0:
+            return self.plain_run(min(self.policy.plain_steps(), PLAIN_RUN, left) if asked == 0 else 1)
         t0, clock = time.perf_counter(), Clock(self.model.device)
         # 1. Propose: a chain of K <= k draft tokens, on the device
         draft, q_draft = self.propose(k)                                             # (K,), (K, V) or None
@@ -382,6 +390,39 @@ class CompiledSpeculativeDecoder(Decoder):
         step = Step(proposed, n, tokens[n], n == K, draft_time, verify_time, asked=k)
         self.policy.update(step)
         return self._record(step, new_tokens, t0)
+
+    @torch.no_grad()
+    def plain_run(self, r: int) -> Step:
+        """r plain steps (γ = 0) on the device: each verifies the last token alone, as plain decoding does, and
+        feeds its pick (or draw) to the next; one host sync reads all r. A step is recorded, and the policy told,
+        for each token; the drafter catches up afterwards. Returns the last step."""
+        t0, clock, step = time.perf_counter(), Clock(self.model.device), self.verify_steps[0]
+        first = len(self.tokens) - 1                     # the last committed token's slot
+        step.tokens[0, 0].fill_(self.tokens[-1])
+        picks = []
+        for i in range(r):
+            step.at(first + i)
+            logits = step()[0]                                                       # (1, V)
+            pick = logits.argmax(-1) if self.sampling.greedy else \
+                sample_without_sync(probs_from_logits(logits, self.sampling), self.device_generator)[:, 0]   # (1,)
+            step.tokens[0].copy_(pick)                   # the next step's input, without leaving the device
+            picks.append(pick)
+            clock.mark()
+        tokens, seconds = torch.cat(picks).tolist(), clock.seconds()                # the run's one host sync
+        for token, verify_time in zip(tokens, seconds):
+            new_tokens = self._commit([token])
+            self.cache.length = len(self.tokens) - 1
+            last = Step([], 0, token, True, 0.0, verify_time, asked=0)
+            self.policy.update(last)
+            self._record(last, new_tokens)
+            if self.done:
+                break
+        if self.draft is not None:
+            self.draft.commit(len(self.tokens) - 1)
+        if self.host_drafter is not None:
+            self.host_drafter.commit(len(self.tokens) - 1)
+        self.trace.total_time += time.perf_counter() - t0
+        return last
 
     def propose(self, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Up to k draft tokens (K,) on the target's device, and their distributions (K, V) when sampling."""

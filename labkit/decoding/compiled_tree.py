@@ -42,7 +42,7 @@ from ..models.kv_cache import StaticKVCache
 from ..models.target import as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
-from .compiled import Clock, FixedShapeStep, check_static_loop, sample_without_sync
+from .compiled import PLAIN_RUN, Clock, FixedShapeStep, check_static_loop, sample_without_sync
 from .static import prefill
 
 TREE_BUCKETS = (0, 8, 16, 32, 64)  # tree sizes the verify forward is compiled for; N nodes pad up to the next one
@@ -262,9 +262,13 @@ class CompiledTreeDecoder(Decoder):
 
     @torch.no_grad()
     def step(self) -> Step:
-        """propose a tree -> verify it -> accept a path -> commit and compact, once; one host sync."""
+        """propose a tree -> verify it -> accept a path -> commit and compact, once; one host sync. Where the budget
+        says 0, a run of the plain steps it is sure of instead (`plain_run`)."""
         n_cached, trace = self.cache.length, self.trace
-        budget = min(self.budget.budget(), MAX_NODES, self.max_new_tokens - trace.n_generated - 1)
+        asked, left = self.budget.budget(), self.max_new_tokens - trace.n_generated
+        budget = min(asked, MAX_NODES, left - 1)
+        if budget <= 0:
+            return self.plain_run(min(self.budget.plain_steps(), PLAIN_RUN, left) if asked == 0 else 1)
         t0, clock = time.perf_counter(), Clock(self.model.device)
         # 1. Propose: a tree of candidate continuations (on the host, or the drafter's own device work)
         drafted = (self.drafter.propose_on_device(torch.tensor(self.tokens), budget)
@@ -317,6 +321,44 @@ class CompiledTreeDecoder(Decoder):
                     verify_time, q_draft=q_list, parents=tree.parents.tolist(), path=path, asked=budget)
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
+
+    @torch.no_grad()
+    def plain_run(self, r: int) -> Step:
+        """r plain steps on the device: each verifies the root alone (the last committed token), as plain decoding
+        does, and feeds its pick (or draw) to the next; one host sync reads all r. A step is recorded, and the budget
+        told, for each token; the drafter gets the run's features afterwards. Returns the last step."""
+        t0, clock, step = time.perf_counter(), Clock(self.model.device), self.verify_steps[0]
+        first = self.cache.length                         # the root's slot: every committed token before it is cached
+        if self.blocks_in.get(0) is None:                 # a one-token block: the root sees itself
+            step.block.fill_(True)
+            self.blocks_in[0] = self.layout(Tree.chain(0))
+        step.tokens[0, 0].fill_(self.tokens[-1])
+        picks, features = [], []
+        for i in range(r):
+            step.positions.fill_(first + i)
+            step.at(first + i)
+            hidden, logits = step()                                                  # (1, 1, F), (1, 1, V)
+            pick = logits[0].argmax(-1) if self.sampling.greedy else \
+                sample_without_sync(probs_from_logits(logits[0], self.sampling), self.device_generator)[:, 0]  # (1,)
+            step.tokens[0].copy_(pick)                   # the next step's input, without leaving the device
+            picks.append(pick)
+            features.append(hidden[0].clone())           # (1, F): the graph's output is refilled by the next replay
+            clock.mark()
+        tokens, seconds = torch.cat(picks).tolist(), clock.seconds()                # the run's one host sync
+        for token, verify_time in zip(tokens, seconds):
+            new_tokens = self._commit([token])
+            last = Step([], 0, token, False, 0.0, verify_time, q_draft=[], parents=[], path=[], asked=0)
+            self.budget.update(last)
+            self._record(last, new_tokens)
+            if self.done:
+                break
+        self.cache.length = len(self.tokens) - 1
+        if self.drafter.reads_features:
+            self.drafter.commit(self.cache.length, torch.cat(features)[:self.cache.length - first])
+        else:
+            self.drafter.commit(self.cache.length)
+        self.trace.total_time += time.perf_counter() - t0
+        return last
 
     def layout(self, tree: Tree) -> TreeLayout:
         """The tree's shape laid out at its bucket's width on the device, made the first time the shape is seen (a

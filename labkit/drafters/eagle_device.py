@@ -4,9 +4,10 @@
 to pick the next layer, and the tree is reranked in Python. On a GPU each of those reads waits for the device, and
 the host's work between them leaves it idle. Here the same tree grows in fixed shapes, on the device:
 
-1. Catch up: the head reads the pairs (feature, next token) the last step committed, at most depth + 1 of them,
-   padded to depth + 1 rows, in its own static cache (slots, positions and mask are tensors). A padding row writes
-   a slot the tree's first layer overwrites before anything reads it.
+1. Catch up: the head reads the pairs (feature, next token) the last step committed, at most depth + 1 of them
+   (8 after a run of plain steps), padded to max(depth + 1, 8) rows, in its own static cache (slots, positions
+   and mask are tensors). A padding row writes a slot past the committed pairs, which nothing reads before it is
+   written again.
 2. Grow: depth - 1 forwards of the top_k best nodes of a layer, each node seeing the committed pairs, its fed
    ancestors and itself (the mask made on the device); each proposes its top_k children, and the top_k children
    by cumulative log-probability form the next layer (EAGLE-2).
@@ -41,6 +42,7 @@ from .base import Proposal
 from .eagle import EagleDrafter
 
 MAX_KEPT = 64               # nodes a proposal lists at most: the compiled tree loop's widest verify
+CATCH_UP = 8                # pairs a catch-up reads in its fixed shape at least: a run of plain steps commits up to 8
 
 
 class DeviceTree(NamedTuple):
@@ -71,7 +73,7 @@ class DeviceEagleDrafter(EagleDrafter):
             raise ValueError(f"cuda_graph=True needs the target on a CUDA device; use cuda_graph=False on "
                              f"{target.device.type}")
         k, dev, a = top_k, target.device, head.args
-        self.catch_rows = depth + 1                     # a tree step commits at most depth + 1 pairs
+        self.catch_rows = max(depth + 1, CATCH_UP)      # a tree step commits at most depth + 1 pairs
         self.n_fed = (depth - 1) * k                    # tree nodes the head reads: its slots after the committed
         self.n_seen = k + (depth - 1) * k * k           # nodes scored
         self.n_kept = min(MAX_KEPT, self.n_seen)

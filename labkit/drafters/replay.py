@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from ..core.adaptive import GammaPolicy
 from ..core.sampling import SamplingConfig
 from ..core.tree import Tree
+from ..core.tree_budget import FixedBudget
 from .base import Drafter, Proposal
 
 
@@ -117,6 +119,56 @@ class CostOnly(Drafter):
                 generator: torch.Generator | None = None) -> Proposal:
         self.cost()
         return Proposal.empty(tokens)
+
+
+class _FollowsReplay:
+    """A replay's recorded choice of γ (or tree size) for each step, as the policy that made it: a recorded plain
+    step is the policy's 0, and the plain steps recorded in a row are those it is sure of (`plain_steps`), so the
+    compiled loops take them at once, as they take a cost-aware policy's. A plain step the loop takes without asking
+    the replay is entered in its record."""
+
+    def _follow(self, replay: ReplayDrafter) -> None:
+        self.replay = replay
+
+    def _next(self) -> int:
+        recorded = self.replay.recorded
+        return recorded[len(self.replay.replayed) % len(recorded)][0]
+
+    def update(self, step) -> None:
+        if step.asked == 0:                       # the loop took a plain step: the replay was not asked
+            self.replay.replayed.append((0, 0))
+
+    def plain_steps(self) -> int:
+        recorded, done, n = self.replay.recorded, len(self.replay.replayed), 0
+        while n < len(recorded) and recorded[(done + n) % len(recorded)][0] == 0:
+            n += 1
+        return max(1, n)
+
+    def shadow_size(self) -> int:                 # an eager loop asks on a plain step: the recording has no shadows
+        return 0
+
+
+class ReplayedGamma(_FollowsReplay, GammaPolicy):
+    """The chain loops' policy replaying a recorded run's γ choices, plain steps included (ReplayDrafter's)."""
+    name = "replayed"
+
+    def __init__(self, replay: ReplayDrafter):
+        self._follow(replay)
+
+    def gamma(self) -> int:
+        return self._next()
+
+
+class ReplayedBudget(_FollowsReplay, FixedBudget):
+    """The tree loops' budget replaying a recorded run's tree sizes, plain steps included (ReplayTreeDrafter's)."""
+    name = "replayed"
+
+    def __init__(self, replay: ReplayDrafter):
+        super().__init__(max(1, max(g for g, _ in replay.recorded)))
+        self._follow(replay)
+
+    def budget(self) -> int:
+        return self._next()
 
 
 class PacedDrafter(Drafter):
