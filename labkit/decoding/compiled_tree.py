@@ -271,20 +271,8 @@ class CompiledTreeDecoder(Decoder):
             return self.plain_run(min(self.budget.plain_steps(), PLAIN_RUN, left) if asked == 0 else 1)
         t0, clock = time.perf_counter(), Clock(self.model.device)
         # 1. Propose: a tree of candidate continuations (on the host, or the drafter's own device work)
-        drafted = (self.drafter.propose_on_device(torch.tensor(self.tokens), budget)
-                   if budget > 0 and self.drafter.drafts_on_device else None)
-        if drafted is not None and drafted.tokens.numel():        # a tree on the device: its shape stays there
-            tree, node_tokens, q_token = None, drafted.tokens, drafted.q_token           # (N,) each
-            N = node_tokens.numel()
-            layout = lay_out_on_device(drafted.parents, tree_bucket(N), self.drafter.depth)
-        else:
-            proposal = (self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator)
-                        if budget > 0 and drafted is None else Proposal.empty(self.prompt)).limit(max(budget, 0))
-            tree, node_tokens, q_token = proposal.as_tree(), proposal.tokens, proposal.q_token   # (N,) each
-            if proposal.q_draft is not None and not self.sampling.greedy:
-                raise ValueError(f"the {self.drafter.name} drafter samples its tree's tokens (q_draft): the compiled "
-                                 "loop accepts trees of top-k picks; sample with labkit.decoding.tree.tree_generate")
-            N, layout = tree.n_nodes, self.layout(tree)
+        tree, node_tokens, q_token, layout, parents = self.propose(budget)                # (N,) each
+        N = node_tokens.numel()
         clock.mark()
         # 2. Verify: root + every node at the bucket's width, each node seeing the cache and its ancestors
         nodes = self.send(node_tokens, layout.depth.numel())                             # (B,) padded with -1
@@ -299,8 +287,8 @@ class CompiledTreeDecoder(Decoder):
         # 4. Commit, queued before the sync: the root's and the deepest path's keys and values to the slots right
         #    after the committed ones (all D + 1 rows: those past the accepted ones land where no token looks)
         self.cache.commit_path(acc.keep_rows, start=n_cached)
-        verdict = [acc.n_accepted.view(1), acc.next_token.view(1), acc.keep_rows, nodes]  # (2+1+D+B,)
-        verdict = torch.cat(verdict if tree is not None else verdict + [drafted.parents])  # a device tree's shape too
+        verdict = torch.cat([acc.n_accepted.view(1), acc.next_token.view(1), acc.keep_rows, nodes]   # (2+1+D+B,)
+                            + ([] if parents is None else [parents]))                    # a device tree's shape too
         read_q = q_token.device == nodes.device          # a drafter's on the device (Medusa's): read with the verdict
         values = (torch.cat([verdict.double(), q_token.double()]) if read_q else verdict).tolist()  # the one sync
         n, next_token, *rest = map(int, values[:verdict.numel()])
@@ -321,6 +309,25 @@ class CompiledTreeDecoder(Decoder):
                     verify_time, q_draft=q_list, parents=tree.parents.tolist(), path=path, asked=budget)
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
+
+    def propose(self, budget: int):
+        """(tree, node tokens (N,), q_token (N,), layout, parents (N,)): the drafter's tree of at most `budget` nodes
+        and its layout at its bucket's width. A drafter that drafts on the device keeps its tree there: tree None,
+        its parents on the device, read back with the step's sync; any other's tree is on the host (parents None)."""
+        if self.drafter.drafts_on_device:
+            drafted = self.drafter.propose_on_device(torch.tensor(self.tokens), budget)
+            if drafted.tokens.numel():
+                layout = lay_out_on_device(drafted.parents, tree_bucket(drafted.tokens.numel()), self.drafter.depth)
+                return None, drafted.tokens, drafted.q_token, layout, drafted.parents
+            proposal = Proposal.empty(self.prompt)
+        else:
+            proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator)
+        proposal = proposal.limit(budget)
+        if proposal.q_draft is not None and not self.sampling.greedy:
+            raise ValueError(f"the {self.drafter.name} drafter samples its tree's tokens (q_draft): the compiled loop "
+                             "accepts trees of top-k picks; sample with labkit.decoding.tree.tree_generate")
+        tree = proposal.as_tree()
+        return tree, proposal.tokens, proposal.q_token, self.layout(tree), None
 
     @torch.no_grad()
     def plain_run(self, r: int) -> Step:
