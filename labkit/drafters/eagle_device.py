@@ -54,7 +54,7 @@ class DeviceTree(NamedTuple):
 class DeviceEagleDrafter(EagleDrafter):
     """EAGLE-2 dynamic-tree drafting in fixed shapes on the target's device; trees as `EagleDrafter` grows them.
 
-        drafter = DeviceEagleDrafter(head, target, vocab, top_k=8, depth=6, compile=True, cuda_graph=True)
+        drafter = DeviceEagleDrafter(head, target, vocab, top_k=8, depth=6, compile="blocks", cuda_graph=True)
         CompiledTreeDecoder(target, drafter, max_len=1024, compile="blocks", cuda_graph=True).generate(ids, 256)
     """
 
@@ -72,8 +72,10 @@ class DeviceEagleDrafter(EagleDrafter):
         if cuda_graph and target.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs the target on a CUDA device; use cuda_graph=False on "
                              f"{target.device.type}")
+        if compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
         k, dev, a = top_k, target.device, head.args
-        self.catch_rows = max(depth + 1, CATCH_UP)      # a tree step commits at most depth + 1 pairs
+        self.catch_rows = max(depth + 1, CATCH_UP)      # a tree step commits at most depth + 1 pairs, a plain run 8
         self.n_fed = (depth - 1) * k                    # tree nodes the head reads: its slots after the committed
         self.n_seen = k + (depth - 1) * k * k           # nodes scored
         self.n_kept = min(MAX_KEPT, self.n_seen)
@@ -93,8 +95,6 @@ class DeviceEagleDrafter(EagleDrafter):
         self.base, self.pos0, self.last = (torch.zeros(1, dtype=torch.long, device=dev) for _ in range(3))
         self.f_next = torch.zeros(a.dim, dtype=p.dtype, device=dev)
         self.tree_base, self.tree_pos = (torch.zeros(1, dtype=torch.long, device=dev) for _ in range(2))
-        if compile not in COMPILE_MODES:
-            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
         self.run_block = compile_blocks(compile_backend) if compile == "blocks" else None
         self.catch_step = self._runner(self._catch_up_rows, compile is True, cuda_graph, compile_backend)
         self.grow_step = self._runner(self._grow, compile is True, cuda_graph, compile_backend)
@@ -123,12 +123,12 @@ class DeviceEagleDrafter(EagleDrafter):
         cos, sin = rope_cos_sin(positions[None], a.head_dim, a.rope_theta, context.dtype)   # (1, 1, T, hd)
         x = self.head.fc(torch.cat([embeds, context], dim=-1))[None]                       # (1, T, D)
         if self.run_block is None:
-            a = self.head.block(x, cos, sin, LayerSlots(self.static_cache.k[0], self.static_cache.v[0], slots), 0,
-                                mask)                                                     # (1, T, D)
+            out = self.head.block(x, cos, sin, LayerSlots(self.static_cache.k[0], self.static_cache.v[0], slots), 0,
+                                  mask)                                                   # (1, T, D)
         else:                                                   # the compiled block reads the cache's slots
             self.static_cache.slots = slots
-            a = self.run_block(self.head.block, x, cos, sin, self.static_cache, 0, mask)
-        return self.head.output(a)[0]                                                     # (T, D)
+            out = self.run_block(self.head.block, x, cos, sin, self.static_cache, 0, mask)
+        return self.head.output(out)[0]                                                   # (T, D)
 
     def _catch_up_rows(self) -> torch.Tensor:
         """The head's output (1, D) at the last real row of the padded catch-up."""
