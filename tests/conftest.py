@@ -47,6 +47,30 @@ def tiny_model(seed: int = 0, std: float = 0.15, **overrides) -> Transformer:
     return Transformer(ModelArgs(**{**TINY, **overrides})).init_random(std=std, seed=seed).eval().requires_grad_(False)
 
 
+class PatternOfSteps:
+    """A policy's choices by step, cycling (0: a plain step), driven by the steps taken, not by how often it is
+    asked, so an eager loop and a compiled one (which asks once for a run of plain steps) take the same steps; it
+    knows its coming plain steps (`plain_steps`), as the cost-aware policies do."""
+
+    def __init__(self, pattern: list[int]):
+        self.pattern, self.seen = pattern, 0
+
+    def now(self) -> int:
+        return self.pattern[self.seen % len(self.pattern)]
+
+    def update(self, step) -> None:
+        self.seen += 1
+
+    def plain_steps(self) -> int:
+        n = 0
+        while n < len(self.pattern) and self.pattern[(self.seen + n) % len(self.pattern)] == 0:
+            n += 1
+        return max(1, n)
+
+    def shadow_size(self) -> int:                  # asked by an eager loop on a plain step: no shadows
+        return 0
+
+
 def host_syncs(fn) -> int:
     """How many times fn makes the host wait for the GPU (torch's sync debug mode: .item(), .tolist(), a copy from
     ordinary memory, a 0-d tensor used as an index...)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import host_syncs, perturbed, tiny_model
+from conftest import PatternOfSteps, host_syncs, perturbed, tiny_model
 from scipy.stats import chisquare
 from test_sampling import CONFIGS, N_POS, N_RUNS, PROMPT, V, chi2_pvalues, exact_marginals
 
@@ -73,24 +73,11 @@ def test_greedy_equals_autoregressive_for_every_bucket(pair, which, compile):
             assert dec.cache.length == len(dec.tokens) - 1        # every committed token but the last
 
 
-class Pattern(GammaPolicy):
-    """γ by step, cycling (0: a plain step), driven by the steps taken, not by how often it is asked; it knows its
-    coming plain steps, as a cost-aware γ knows its steps until the next probe."""
-
-    def __init__(self, pattern: list[int]):
-        self.pattern, self.seen = pattern, 0
+class Pattern(PatternOfSteps, GammaPolicy):
+    """γ by step (PatternOfSteps): a cost-aware γ's plain steps until its next probe, in a pattern."""
 
     def gamma(self) -> int:
-        return self.pattern[self.seen % len(self.pattern)]
-
-    def update(self, step) -> None:
-        self.seen += 1
-
-    def plain_steps(self) -> int:
-        n = 0
-        while n < len(self.pattern) and self.pattern[(self.seen + n) % len(self.pattern)] == 0:
-            n += 1
-        return max(1, n)
+        return self.now()
 
 
 PLAIN_RUNS = [0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]      # runs of 5 and 10 plain steps

@@ -13,7 +13,7 @@ the device are the reference drafter's, laid out there as on the host; CUDA grap
 import numpy as np
 import pytest
 import torch
-from conftest import host_syncs, tiny_model
+from conftest import PatternOfSteps, host_syncs, tiny_model
 from scipy.stats import chisquare
 from test_sampling import CONFIGS, N_POS, N_RUNS, PROMPT, V, chi2_pvalues, exact_marginals
 
@@ -231,28 +231,15 @@ def test_eagle_trees_drafted_on_the_device_are_the_reference_trees(kind, compile
         assert max(s.n_accepted for s in fast.trace.steps) >= 2
 
 
-class Pattern(FixedBudget):
-    """Budgets by step, cycling (0: a plain step), driven by the steps taken, not by how often it is asked; it knows
-    its coming plain steps, as a cost-aware budget knows its steps until the next exploring one."""
+class Pattern(PatternOfSteps, FixedBudget):
+    """Tree sizes by step (PatternOfSteps): a cost-aware budget's plain steps until its next exploring one."""
 
     def __init__(self, pattern: list[int]):
-        super().__init__(max(pattern))
-        self.pattern, self.seen = pattern, 0
+        FixedBudget.__init__(self, max(pattern))
+        PatternOfSteps.__init__(self, pattern)
 
     def budget(self) -> int:
-        return self.pattern[self.seen % len(self.pattern)]
-
-    def update(self, step) -> None:
-        self.seen += 1
-
-    def plain_steps(self) -> int:
-        n = 0
-        while n < len(self.pattern) and self.pattern[(self.seen + n) % len(self.pattern)] == 0:
-            n += 1
-        return max(1, n)
-
-    def shadow_size(self) -> int:                  # asked by the eager loop on a plain step: no shadows
-        return 0
+        return self.now()
 
 
 PLAIN_RUNS = [0, 0, 0, 0, 0, 12, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 16]   # runs of 5 and 10 plain steps
