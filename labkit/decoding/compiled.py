@@ -139,6 +139,29 @@ def sample_without_sync(probs: torch.Tensor, generator: torch.Generator | None =
     return (probs / race).argmax(-1, keepdim=True)
 
 
+def fed_steps(step: FixedShapeStep, first_slot: int, token: int, r: int, sampling: SamplingConfig,
+              generator: torch.Generator | None, clock: "Clock") -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """r one-token forwards of a one-token `step` back to back on the device, the first of `token` at `first_slot`,
+    each feeding its pick (or draw) to the next, a clock mark after each: the picks (r,) and, for a tree step, each
+    forward's features (1, F) (copied: a graph's output is refilled by the next call). Nothing waits for the device."""
+    step.tokens[0, 0].fill_(token)
+    picks, features = [], []
+    for i in range(r):
+        if step.positions is not None:                   # a tree step's RoPE position is a buffer of its own
+            step.positions.fill_(first_slot + i)
+        step.at(first_slot + i)
+        out = step()
+        logits = (out[1] if isinstance(out, tuple) else out)[0]                     # (1, V)
+        pick = logits.argmax(-1) if sampling.greedy else \
+            sample_without_sync(probs_from_logits(logits, sampling), generator)[:, 0]   # (1,)
+        step.tokens[0].copy_(pick)                       # the next step's input, without leaving the device
+        picks.append(pick)
+        if isinstance(out, tuple):
+            features.append(out[0][0].clone())
+        clock.mark()
+    return torch.cat(picks), features
+
+
 class DeviceAcceptance(NamedTuple):
     n_accepted: torch.Tensor   # () leading draft tokens kept, 0..K
     tokens: torch.Tensor       # (K+1,) the draft's first n_accepted tokens, then the correction or bonus token
@@ -396,19 +419,10 @@ class CompiledSpeculativeDecoder(Decoder):
         """r plain steps (γ = 0) on the device: each verifies the last token alone, as plain decoding does, and
         feeds its pick (or draw) to the next; one host sync reads all r. A step is recorded, and the policy told,
         for each token; the drafter catches up afterwards. Returns the last step."""
-        t0, clock, step = time.perf_counter(), Clock(self.model.device), self.verify_steps[0]
-        first = len(self.tokens) - 1                     # the last committed token's slot
-        step.tokens[0, 0].fill_(self.tokens[-1])
-        picks = []
-        for i in range(r):
-            step.at(first + i)
-            logits = step()[0]                                                       # (1, V)
-            pick = logits.argmax(-1) if self.sampling.greedy else \
-                sample_without_sync(probs_from_logits(logits, self.sampling), self.device_generator)[:, 0]   # (1,)
-            step.tokens[0].copy_(pick)                   # the next step's input, without leaving the device
-            picks.append(pick)
-            clock.mark()
-        tokens, seconds = torch.cat(picks).tolist(), clock.seconds()                # the run's one host sync
+        t0, clock = time.perf_counter(), Clock(self.model.device)
+        picks, _ = fed_steps(self.verify_steps[0], len(self.tokens) - 1, self.tokens[-1], r, self.sampling,
+                             self.device_generator, clock)
+        tokens, seconds = picks.tolist(), clock.seconds()                            # the run's one host sync
         for token, verify_time in zip(tokens, seconds):
             new_tokens = self._commit([token])
             self.cache.length = len(self.tokens) - 1

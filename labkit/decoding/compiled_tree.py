@@ -42,7 +42,7 @@ from ..models.kv_cache import StaticKVCache
 from ..models.target import as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
-from .compiled import PLAIN_RUN, Clock, FixedShapeStep, check_static_loop, sample_without_sync
+from .compiled import PLAIN_RUN, Clock, FixedShapeStep, check_static_loop, fed_steps, sample_without_sync
 from .static import prefill
 
 TREE_BUCKETS = (0, 8, 16, 32, 64)  # tree sizes the verify forward is compiled for; N nodes pad up to the next one
@@ -339,19 +339,8 @@ class CompiledTreeDecoder(Decoder):
         if self.blocks_in.get(0) is None:                 # a one-token block: the root sees itself
             step.block.fill_(True)
             self.blocks_in[0] = self.layout(Tree.chain(0))
-        step.tokens[0, 0].fill_(self.tokens[-1])
-        picks, features = [], []
-        for i in range(r):
-            step.positions.fill_(first + i)
-            step.at(first + i)
-            hidden, logits = step()                                                  # (1, 1, F), (1, 1, V)
-            pick = logits[0].argmax(-1) if self.sampling.greedy else \
-                sample_without_sync(probs_from_logits(logits[0], self.sampling), self.device_generator)[:, 0]  # (1,)
-            step.tokens[0].copy_(pick)                   # the next step's input, without leaving the device
-            picks.append(pick)
-            features.append(hidden[0].clone())           # (1, F): the graph's output is refilled by the next replay
-            clock.mark()
-        tokens, seconds = torch.cat(picks).tolist(), clock.seconds()                # the run's one host sync
+        picks, features = fed_steps(step, first, self.tokens[-1], r, self.sampling, self.device_generator, clock)
+        tokens, seconds = picks.tolist(), clock.seconds()                            # the run's one host sync
         for token, verify_time in zip(tokens, seconds):
             new_tokens = self._commit([token])
             last = Step([], 0, token, False, 0.0, verify_time, q_draft=[], parents=[], path=[], asked=0)
