@@ -268,6 +268,24 @@ def test_plain_steps_run_on_the_device_one_token_wide(kind, monkeypatch):
     assert widths.count(1) == len(plain) and 17 in widths              # 12 or 16 nodes: the 16-node bucket
 
 
+def test_a_device_drafter_refuses_what_it_cannot_do_and_says_what_to_pass():
+    model, head = eagle_pair("eagle3")
+    with pytest.raises(ValueError, match="compile must be one of"):
+        DeviceEagleDrafter(head, model, compile="fast")
+    with pytest.raises(ValueError, match="needs the target on a CUDA device; use cuda_graph=False"):
+        DeviceEagleDrafter(head, model, cuda_graph=True)
+    with pytest.raises(ValueError, match="max_len must be an integer >= 2"):
+        DeviceEagleDrafter(head, model, max_len=0)
+    with pytest.raises(ValueError, match="top_k and depth must be >= 1"):
+        DeviceEagleDrafter(head, model, top_k=0)
+    drafter = DeviceEagleDrafter(head, model, top_k=2, depth=3, max_len=16)
+    prompt = torch.arange(20) % model.vocab_size                  # longer than the cache it was built for
+    drafter.start(prompt[:4], torch.zeros(3, 4 * model.args.dim))
+    drafter.commit(3 + 16, torch.zeros(16, 4 * model.args.dim))
+    with pytest.raises(ValueError, match="build it with max_len >= 20"):
+        drafter.propose_on_device(prompt, 4)
+
+
 def test_a_replay_paced_by_an_eagle3_head_on_the_device_reads_its_taps_and_stays_exact():
     model, head = eagle_pair("eagle3")
     prompt = torch.tensor([5, 1, 3, 2, 7, 5, 1, 3, 2, 7, 5, 1])
