@@ -170,6 +170,21 @@ class Decoder:
             self.shadow_policy = policy
         return shadow.n_nodes
 
+    def _commit_each(self, tokens: list[int], step_of, learn=None) -> Step:
+        """Commit tokens decoded without drafting and read at once (a run of plain steps), one Step each
+        (`step_of(i, token)`), told to `learn` (a policy's update), up to EOS or the end; the cache keeps every
+        committed token but the last. Returns the last Step."""
+        for i, token in enumerate(tokens):
+            new_tokens = self._commit([token])
+            self.cache.length = len(self.tokens) - 1
+            step = step_of(i, token)
+            if learn is not None:
+                learn(step)
+            self._record(step, new_tokens)
+            if self.done:
+                break
+        return step
+
     def _record(self, step: Step, new_tokens: list[int], t0: float | None = None) -> Step:
         """Log a step, its committed tokens already appended, and decide whether to stop; from t0, time it."""
         trace = self.trace

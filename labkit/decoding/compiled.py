@@ -423,14 +423,8 @@ class CompiledSpeculativeDecoder(Decoder):
         picks, _ = fed_steps(self.verify_steps[0], len(self.tokens) - 1, self.tokens[-1], r, self.sampling,
                              self.device_generator, clock)
         tokens, seconds = picks.tolist(), clock.seconds()                            # the run's one host sync
-        for token, verify_time in zip(tokens, seconds):
-            new_tokens = self._commit([token])
-            self.cache.length = len(self.tokens) - 1
-            last = Step([], 0, token, True, 0.0, verify_time, asked=0)
-            self.policy.update(last)
-            self._record(last, new_tokens)
-            if self.done:
-                break
+        last = self._commit_each(tokens, lambda i, token: Step([], 0, token, True, 0.0, seconds[i], asked=0),
+                                 self.policy.update)
         if self.draft is not None:
             self.draft.commit(len(self.tokens) - 1)
         if self.host_drafter is not None:

@@ -341,14 +341,8 @@ class CompiledTreeDecoder(Decoder):
             self.blocks_in[0] = self.layout(Tree.chain(0))
         picks, features = fed_steps(step, first, self.tokens[-1], r, self.sampling, self.device_generator, clock)
         tokens, seconds = picks.tolist(), clock.seconds()                            # the run's one host sync
-        for token, verify_time in zip(tokens, seconds):
-            new_tokens = self._commit([token])
-            last = Step([], 0, token, False, 0.0, verify_time, q_draft=[], parents=[], path=[], asked=0)
-            self.budget.update(last)
-            self._record(last, new_tokens)
-            if self.done:
-                break
-        self.cache.length = len(self.tokens) - 1
+        last = self._commit_each(tokens, lambda i, token: Step([], 0, token, False, 0.0, seconds[i], q_draft=[],
+                                                               parents=[], path=[], asked=0), self.budget.update)
         if self.drafter.reads_features:
             self.drafter.commit(self.cache.length, torch.cat(features)[:self.cache.length - first])
         else:

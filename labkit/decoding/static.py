@@ -200,11 +200,7 @@ class StaticDecoder(Decoder):
             self._run_step()
         tokens = self.fed[:n].tolist()                           # the chunk's one host sync
         seconds = (time.perf_counter() - t1) / n
-        for token in tokens:
-            step = self._record(Step([], 0, token, True, 0.0, seconds), self._commit([token]))
-            if self.done:
-                break
-        self.cache.length = len(self.tokens) - 1                 # every committed token but the last is cached
+        step = self._commit_each(tokens, lambda i, token: Step([], 0, token, True, 0.0, seconds))
         self.trace.total_time += time.perf_counter() - t1
         return step
 
