@@ -10,6 +10,8 @@
    phase. --tests all runs the whole unit tier first instead of the CUDA tests. --chat adds the cost-aware methods'
    chat replays (writing, qa and translation questions, where on a CPU they declined to draft most steps): their
    recorded steps, plain ones included, at this GPU's costs, to see whether declining costs anything there.
+   --attention sdpa,triton runs every compiled mode with torch's attention and again with labkit's Triton kernel over
+   the static cache (kernels/cache_attention.py), and first times that kernel alone against torch's in CUDA graphs.
 
 Random weights cannot show acceptance, so every speculative number here is REPLAYED ACCEPTANCE
 (labkit/drafters/replay.py): each step proposes the target's own continuation up to the length a real drafter
@@ -66,11 +68,14 @@ from labkit.drafters.replay import (  # noqa: E402
     ReplayTreeDrafter,
 )
 from labkit.hw import SHAPES, decode_cost, describe, verify_cost  # noqa: E402
+from labkit.kernels import cache_attention  # noqa: E402
+from labkit.models.backends import ATTENTIONS, use_attention  # noqa: E402
 from labkit.models.eagle_heads import Eagle3Head, EagleConfig
 from labkit.models.medusa_heads import MedusaHeads
 from labkit.models.transformer import ModelArgs, Transformer  # noqa: E402
 
-TESTS = ["tests/test_compiled_speculative.py", "tests/test_compiled_tree.py", "tests/test_static_decode.py"]
+TESTS = ["tests/test_compiled_speculative.py", "tests/test_compiled_tree.py", "tests/test_static_decode.py",
+         "tests/test_cache_attention.py"]
 # key: (results.jsonl, method, category or None, tree); chains are cut to 8 draft tokens (suffix decoding's to 16,
 # the longest it drafts), trees to 64 nodes
 REPLAYS = {"lookup": ("data/bench/code_edit/results.jsonl", "lookup", None, False),             # zero draft cost
@@ -256,6 +261,8 @@ def bench_mode(name: str, target: Transformer, draft: Transformer, mode: dict, p
                result: dict, budget: Budget, peak: float | None) -> tuple[dict, list[int]]:
     """Compiled AR, then compiled speculation with each replay, in one mode; (the AR row, the AR's tokens)."""
     max_len, compiling = prompt.numel() + new + LONGEST, bool(mode["static"].get("compile", False))
+    for model in (target, draft):                   # torch's attention, or labkit's Triton kernel over the cache
+        use_attention(model, mode.get("attention", "sdpa"))
     per_shape = result["per_shape_compile_s"]
     rows = []
     result["runs"].append({"pair": name, "mode": mode["label"], "prompt_len": prompt.numel(), "new_tokens": new,
@@ -494,6 +501,14 @@ def markdown(result: dict) -> str:
         "NVML DRAM util %": opt("nvml_dram_bw_util_pct", "{:.0f}"), "compile s": opt("compile_s", "{:.1f}"),
         "replay = recorded": lambda r: str(r.get("replay_equals_recorded", "-")),
         "tokens = AR": lambda r: str(r.get("tokens_equal_continuation", "-"))})
+    if result.get("attention_kernel"):
+        lines += ["", "Attention over the static cache, one call recorded in a CUDA graph and replayed "
+                  "(kernels/cache_attention.py; median microseconds; the step's tokens see half the cache, "
+                  "the rest is its unused tail):", ""]
+        lines += markdown_table(result["attention_kernel"], {
+            "shape": "{shape}", "heads (q/kv x dim)": "{heads}", "cache slots": "{slots}", "cached": "{cached}",
+            "tokens": "{tokens}", "Triton us": "{triton_us:.1f}", "torch SDPA us": "{sdpa_us:.1f}",
+            "SDPA / Triton": "{sdpa_over_triton:.2f}", "max abs err": "{max_abs_err:.1e}"})
     lines += ["", f"Peak bandwidth: {d.get('peak_bandwidth_source')}. Skipped: {result['skipped'] or 'nothing'}. "
               f"Errors: {result['errors'] or 'none'}. Total {result.get('seconds', 0):.0f} s."]
     return "\n".join(lines) + "\n"
@@ -544,6 +559,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--modes", default="graphs,blocks",
                     help="graphs (eager kernels), blocks (inductor, a block at a time), compile (inductor, the whole "
                          "forward), in order")
+    ap.add_argument("--attention", default="sdpa",
+                    help="the attention each compiled mode runs, in turn: sdpa (torch's), triton (labkit's kernel "
+                         "over the static cache, kernels/cache_attention.py; also timed alone in CUDA graphs), "
+                         "e.g. sdpa,triton")
     ap.add_argument("--peers", default="transformers", help="'transformers' (static-cache generate), or ''")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench"))
     args = ap.parse_args(argv)
@@ -551,6 +570,9 @@ def main(argv=None) -> dict:
                      | set(filter(None, args.tree_pairs.split(","))) - set(PAIRS))
     if unknown:
         raise SystemExit(f"unknown --pairs/--modes {unknown}: pairs {list(PAIRS)}, modes {list(MODES)}")
+    attentions = args.attention.split(",")
+    if not attentions or set(attentions) - set(ATTENTIONS):
+        raise SystemExit(f"--attention {args.attention!r}: choose from {', '.join(ATTENTIONS)}, comma-separated")
     t_start, budget, out = time.perf_counter(), Budget(args.budget), Path(args.out)
     if not args.smoke and not torch.cuda.is_available():
         raise SystemExit("gpu_check.py measures a CUDA GPU; on a CPU run it with --smoke (tiny shapes)")
@@ -584,11 +606,19 @@ def main(argv=None) -> dict:
         dtype = torch.bfloat16
         pairs = [(*PAIRS[p], p in args.tree_pairs.split(",")) for p in args.pairs.split(",")]
         modes = [MODES[m] for m in args.modes.split(",")]
+    modes = [{**mode, "attention": a, "label": mode["label"] + ("" if a == "sdpa" else ", Triton attention")}
+             for mode in modes for a in attentions]
     # 1. tests
     if not (args.smoke or args.skip_tests):
         result["tests"] = run_tests(min(args.test_seconds, budget.left() - 60), args.tests)
         write(result, out)
-    # 2. timing: pairs x modes, the cheapest first, each only if it fits what is left
+    # 2. the Triton attention alone against torch's, each in a CUDA graph, at the shapes the loops below run
+    if "triton" in attentions and device == "cuda" and budget.allows(60, "cache attention kernel"):
+        print(f"[bench] cache attention kernel ({budget.left():.0f} s left)", flush=True)
+        with phase(result, "cache attention kernel"):
+            result["attention_kernel"] = cache_attention.benchmark()
+        write(result, out)
+    # 3. timing: pairs x modes, the cheapest first, each only if it fits what is left
     first = None
     for i, (name, target_args, draft_args, trees) in enumerate(pairs):
         if not budget.allows(60, f"{name}: every mode"):
@@ -612,6 +642,8 @@ def main(argv=None) -> dict:
                     fastest_ar = ar
             result["seconds"] = time.perf_counter() - t_start
             write(result, out)
+        for model in (target, draft):
+            use_attention(model, "sdpa")
         if i == 0 and fastest_ar is not None:                   # the eager loop: once, on the first pair
             print(f"[bench] {name}, eager loop ({budget.left():.0f} s left)", flush=True)
             with phase(result, f"{name}, eager loop"):
@@ -625,7 +657,7 @@ def main(argv=None) -> dict:
             torch.cuda.empty_cache()
         result["seconds"] = time.perf_counter() - t_start
         write(result, out)
-    # 3. transformers' own compiled decoding on the first pair's target shape, last: it compiles for minutes
+    # 4. transformers' own compiled decoding on the first pair's target shape, last: it compiles for minutes
     if first is not None and not args.smoke and "transformers" in args.peers:
         name, target_args, prompt, fastest_ar = first
         print(f"[bench] {name}, transformers ({budget.left():.0f} s left)", flush=True)

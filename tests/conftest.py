@@ -31,12 +31,21 @@ def _import_triton_interpreted() -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         import labkit.kernels.acceptance  # noqa: F401
+        import labkit.kernels.cache_attention  # noqa: F401
         import labkit.kernels.tree_attention  # noqa: F401
     finally:
         del os.environ["TRITON_INTERPRET"]
 
 
 _import_triton_interpreted()
+
+
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """Triton's interpreter also reads TRITON_INTERPRET while a kernel runs: set it for the tests that ask (without
+    a GPU), never for other tests."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 TINY = dict(vocab_size=96, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=128, qkv_bias=True,
             tie_embeddings=True, max_seq_len=256)

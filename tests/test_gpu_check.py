@@ -4,15 +4,24 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
+from labkit.kernels import HAVE_TRITON
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    return gpu_check
 
 
 def test_smoke_run_writes_every_output_and_replays_the_recorded_acceptance(tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path / "device_out"))
     (tmp_path / "device_out").mkdir()
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = load_gpu_check()
     result = gpu_check.main(["--smoke", "--chat", "--out", str(tmp_path), "--prompt-len", "12", "--new-tokens", "32"])
     assert [run["mode"] for run in result["runs"]] == ["static, traced a block at a time (smoke)", "eager loop"]
     rows = result["runs"][0]["rows"] + result["runs"][1]["rows"]
@@ -58,3 +67,21 @@ def test_tree_step_profile_accounts_for_each_part_of_a_step(tmp_path, monkeypatc
         assert {"verify (graph replay)", "send the ids"} <= set(row["profiler"]["ranges"])
     assert result["replays"]["medusa"]["alone_ms"]["medusa4.propose"] > 0
     assert "## medusa replay" in (tmp_path / "tree_step_profile.md").read_text()
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed")
+@pytest.mark.usefixtures("triton_interpreter")
+def test_each_mode_runs_with_each_attention_and_the_triton_one_stays_exact(tmp_path, monkeypatch):
+    """--attention sdpa,triton: every compiled mode twice, the second with labkit's Triton attention over the cache
+    (interpreted here); every replay still equals its recording and every output compiled plain decoding's."""
+    monkeypatch.delenv("OUT", raising=False)
+    result = load_gpu_check().main(["--smoke", "--attention", "sdpa,triton", "--out", str(tmp_path), "--prompt-len",
+                                    "12", "--new-tokens", "16", "--name", "both"])
+    assert [run["mode"] for run in result["runs"]] == ["static, traced a block at a time (smoke)",
+                                                       "static, traced a block at a time (smoke), Triton attention",
+                                                       "eager loop"]
+    sdpa, triton = result["runs"][0]["rows"], result["runs"][1]["rows"]
+    assert [r.get("replay") for r in triton] == [r.get("replay") for r in sdpa] and len(triton) == 6
+    assert all(r["replay_equals_recorded"] and r["tokens_equal_continuation"] for r in triton[1:])
+    with pytest.raises(SystemExit, match="--attention 'flash': choose from sdpa, triton"):
+        load_gpu_check().main(["--smoke", "--attention", "flash", "--out", str(tmp_path)])

@@ -1,8 +1,8 @@
 """The Triton kernels equal their torch references, and the references equal labkit's own math.
 
 Without a GPU the kernels run under Triton's interpreter (fp32 and fp16 only: the
-interpreter's bf16 tl.dot is wrong); conftest.py imports them in that mode and the fixture
-below sets TRITON_INTERPRET while each of these tests runs, never for other tests. With a GPU they
+interpreter's bf16 tl.dot is wrong); conftest.py imports them in that mode and its `triton_interpreter` fixture
+sets TRITON_INTERPRET while each of these tests runs, never for other tests. With a GPU they
 run compiled, bf16 included.
 """
 import pytest
@@ -20,13 +20,7 @@ INTERPRET = not torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([] if INTERPRET else [torch.bfloat16])
 needs_triton = pytest.mark.skipif(not kernels.HAVE_TRITON, reason="Triton is not installed")
-
-
-@pytest.fixture(autouse=True)
-def triton_interpreter(monkeypatch):
-    """The interpreter also reads TRITON_INTERPRET while a kernel runs: set it for these tests only."""
-    if INTERPRET:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def chain(n):

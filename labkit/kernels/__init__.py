@@ -1,10 +1,12 @@
-"""Optional kernels, each next to its torch reference: Triton for GPUs here (tree attention, fused acceptance),
-labkit's C++ for CPUs in kernels/cpu/ (packed bf16, int8 and int4 linears, attention, pointwise).
+"""Optional kernels, each next to its torch reference: Triton for GPUs here (tree attention, attention over a static
+cache, fused acceptance), labkit's C++ for CPUs in kernels/cpu/ (packed bf16, int8 and int4 linears, attention,
+pointwise).
 
 One convention for every kernel: `op` and `op_ref` side by side, `available()` -> (bool, why) for the family,
 and a test that ties each op to its reference (tests/test_kernels.py, tests/test_cpu_kernels.py). Dispatch is
 in one place per family: here for the Triton ops, in labkit.models.backends for the CPU ones (the forward
-path a model runs on).
+path a model runs on) and for the attention a model's layers run (`use_attention`: torch's, or the Triton one over
+a static cache, kernels/cache_attention.py).
 
 labkit imports and works without Triton. The functions below pick the Triton kernel when
 Triton is installed and the inputs live on a CUDA device, and the torch reference otherwise.
@@ -59,5 +61,5 @@ def sampled_accept(draft_tokens, q_draft, p_target, uniforms) -> Acceptance:
     return fn(draft_tokens, q_draft, p_target, uniforms)
 
 
-__all__ = ["HAVE_TRITON", "available", "use_triton", "attend_tree", "greedy_accept", "sampled_accept", "sample_next",
-           "ancestor_mask", "tree_mask", "random_tree"]
+__all__ = ["HAVE_TRITON", "available", "use_triton", "attend_tree", "greedy_accept", "sampled_accept",
+           "sample_next", "ancestor_mask", "tree_mask", "random_tree"]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .layers import RMSNorm, Rotary, SDPAttention, SwiGLU
 
@@ -70,6 +71,56 @@ class KernelAttention(nn.Module):
         if q.shape[-1] not in cpu.HEAD_DIMS or q.is_cuda or q.dtype not in (torch.float32, torch.bfloat16):
             return cpu.attention_ref(q, k, v, mask)
         return cpu.decode_attention(q, k, v, mask)                                          # (B, H, T, hd)
+
+
+ATTENTIONS = ("sdpa", "triton")
+
+
+class TritonAttention(nn.Module):
+    """labkit's Triton attention over a static cache (kernels/cache_attention: K/V read once per head group, the
+    cache split across programs, its unused tail skipped) where the mask is a (T, S) bool one, as the compiled loops
+    give it; torch's attention for any other mask."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        from ..kernels import cache_attention as cache
+        if mask is not None and mask.dtype == torch.bool and mask.shape == (q.shape[2], k.shape[2]):
+            return cache.cache_attention(q, k, v, mask)                                      # (B, H, T, hd)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def use_attention(model: nn.Module, kind: str) -> nn.Module:
+    """Run every attention of `model` (each layer's `core`) with `kind`, in place: "sdpa", torch's
+    scaled_dot_product_attention (the reference, and the default), or "triton", kernels/cache_attention (CUDA; a CPU
+    runs it only under TRITON_INTERPRET=1, slowly). Steps compiled after the swap trace the new attention."""
+    import os
+
+    from .transformer import Attention
+    if kind not in ATTENTIONS:
+        raise ValueError(f"unknown attention {kind!r}: choose from {', '.join(ATTENTIONS)}")
+    device = next(model.parameters()).device
+    if kind == "triton":
+        from ..kernels import HAVE_TRITON
+        if not HAVE_TRITON:
+            raise ValueError("the Triton attention needs Triton (pip install triton, on a machine with a CUDA GPU); "
+                             "use attention='sdpa'")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"the Triton attention runs on CUDA GPUs; this model is on {device.type}: use "
+                             "attention='sdpa' (a CPU's packed forward path has its own attention kernel)")
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    if kind == "triton" and any(isinstance(m.core, KernelAttention) for m in layers):
+        raise ValueError("this model runs the packed CPU path's attention; load it on the reference path "
+                         "(backend='reference') to choose the attention")
+    for m in layers:
+        m.core = TritonAttention() if kind == "triton" else SDPAttention()
+    return model
+
+
+def attention_of(model: nn.Module) -> str:
+    """Which attention `model`'s layers run: "sdpa", "triton", or the CPU kernels' "packed"."""
+    from .transformer import Attention
+    kinds = {type(m.core) for m in model.modules() if isinstance(m, Attention)}
+    names = {SDPAttention: "sdpa", TritonAttention: "triton", KernelAttention: "packed"}
+    return "+".join(sorted(names.get(k, k.__name__) for k in kinds))
 
 
 def _numel(t: torch.Tensor | None) -> int:
