@@ -336,6 +336,7 @@ def eagle3_drafter(target: Transformer, mode: dict, max_len: int, top_k: int = 8
     torch.manual_seed(0)
     head = Eagle3Head(cfg, target.vocab_size, max_seq_len=max_len)
     head = head.to(target.device, target.embed_tokens.weight.dtype).eval().requires_grad_(False)
+    use_attention(head, mode.get("attention", "sdpa"))                  # its layer's attention as the target's
     vocab = torch.arange(min(config["draft_vocab_size"], target.vocab_size))
     how = mode["static"]
     return DeviceEagleDrafter(head, target, vocab, top_k=top_k, depth=depth, max_len=max_len,

@@ -36,6 +36,7 @@ from labkit.decoding.compiled_tree import CompiledTreeDecoder  # noqa: E402
 from labkit.decoding.static import StaticDecoder  # noqa: E402
 from labkit.drafters.base import Proposal  # noqa: E402
 from labkit.drafters.replay import CostOnly, PacedDrafter  # noqa: E402
+from labkit.models.backends import ATTENTIONS, use_attention  # noqa: E402
 
 
 class Parts:
@@ -154,6 +155,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=160)
     ap.add_argument("--compile", default="blocks", choices=("blocks", "none"))
+    ap.add_argument("--attention", default="sdpa", choices=ATTENTIONS,
+                    help="the target's (and EAGLE-3 head's) attention: torch's, or labkit's Triton kernel over the cache")
     ap.add_argument("--rows", type=int, default=40, help="profiler table rows")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     ap.add_argument("--name", default="tree_step_profile")
@@ -167,7 +170,7 @@ def main(argv=None) -> dict:
     target_args = SMOKE_ARGS if args.smoke else target_args
     how = dict(compile=False if args.compile == "none" else "blocks", cuda_graph=device.type == "cuda",
                compile_backend="eager" if args.smoke else "inductor")
-    target = sharpen(build(target_args, device, dtype))
+    target = use_attention(sharpen(build(target_args, device, dtype)), args.attention)
     prompt = torch.randint(0, target.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0))
     new, max_len = args.new_tokens, args.prompt_len + args.new_tokens + 64
     ar = StaticDecoder(target, max_len=max_len, **how)
@@ -180,7 +183,7 @@ def main(argv=None) -> dict:
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke: tiny shapes)",
               "pair": name, "dtype": str(dtype).removeprefix("torch."), "compile": how["compile"],
-              "cuda_graph": how["cuda_graph"], "prompt_len": args.prompt_len, "new_tokens": new,
+              "cuda_graph": how["cuda_graph"], "attention": args.attention, "prompt_len": args.prompt_len, "new_tokens": new,
               "ar_step_ms": ar_step_ms, "replays": {}}
     print(f"[profile] {result['device']}, {name}, AR step {ar_step_ms:.2f} ms", flush=True)
     dec = None
@@ -188,8 +191,8 @@ def main(argv=None) -> dict:
         source, method, category, _ = REPLAYS[key.removesuffix("-unpaced")]
         recorded = load_recorded_steps(ROOT / source, method, max_gamma=MAX_TREE, category=category)
         full = max(g for g, _ in recorded)
-        replay, drafter = tree_drafter(key.removesuffix("-unpaced"), target, {"static": how}, continuation, recorded,
-                                       max_len)
+        replay, drafter = tree_drafter(key.removesuffix("-unpaced"), target, {"static": how, "attention": args.attention},
+                                       continuation, recorded, max_len)
         if key.endswith("-unpaced"):                        # the tree loop's own cost: no drafter's work at all
             drafter = PacedDrafter(replay, CostOnly(lambda: None, "nothing"))
         if dec is None:
@@ -241,7 +244,8 @@ def markdown(result: dict) -> str:
     lines = [f"# Where a compiled tree step's time goes: {result['device']} ({result['date']}, "
              f"torch {result['torch']})", "",
              f"{result['pair']}, {result['dtype']}, random weights of the real shapes, compile={result['compile']}, "
-             f"CUDA graphs {result['cuda_graph']}, prompt {result['prompt_len']} tokens, {result['new_tokens']} new, "
+             f"CUDA graphs {result['cuda_graph']}, attention {result.get('attention', 'sdpa')}, "
+             f"prompt {result['prompt_len']} tokens, {result['new_tokens']} new, "
              f"replayed acceptance. Compiled AR step: {result['ar_step_ms']:.2f} ms.", ""]
     if result.get("note"):
         lines += [result["note"], ""]

@@ -16,11 +16,15 @@ from labkit import autoregressive_generate
 from labkit.decoding.compiled import CompiledSpeculativeDecoder
 from labkit.decoding.compiled_tree import CompiledTreeDecoder
 from labkit.decoding.static import StaticDecoder
+from labkit.decoding.tree import tree_generate
+from labkit.drafters.eagle import EagleDrafter
+from labkit.drafters.eagle_device import DeviceEagleDrafter
 from labkit.drafters.prompt_lookup import PromptLookupDrafter
 from labkit.drafters.suffix import SuffixDrafter
 from labkit.kernels import HAVE_TRITON
 from labkit.kernels import cache_attention as ca
 from labkit.models.backends import attention_of, use_attention
+from labkit.models.eagle_heads import Eagle3Head, EagleConfig
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -141,6 +145,29 @@ def test_the_compiled_loops_with_the_triton_attention_decode_what_plain_decoding
     monkeypatch.setattr(ca, "merge_splits", lambda acc, m, l_sum, dtype: (acc.sum(-2) / 2).to(dtype))
     for run in decoders(model, compile):
         assert run(PROMPTS[0]).tokens != want[0]
+
+
+def test_eagle3_trees_grown_on_the_device_with_the_triton_attention_are_the_reference_trees():
+    """The EAGLE-3 head's own layer runs the kernel too (its catch-up and each level of the tree, masks over its own
+    static cache): the same trees as EagleDrafter's with torch's attention, step for step, and plain decoding's
+    output."""
+    model = tiny_model(seed=0, n_layers=3, vocab_size=8)        # 8 tokens: top-k trees often right several deep
+    torch.manual_seed(2)
+    head = Eagle3Head(EagleConfig.for_target(model, hidden_dim=32, layers=(0, 1, 2)), model.vocab_size)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    prompt = torch.tensor([5, 1, 3, 2, 7, 5, 1, 3, 2, 7, 5, 1])
+    want = autoregressive_generate(model, prompt, max_new_tokens=30).tokens
+    ref = tree_generate(model, EagleDrafter(head, model, top_k=4, depth=5), prompt, 30, budget=32)
+    use_attention(model, "triton")
+    assert attention_of(use_attention(head, "triton")) == "triton"
+    fast = CompiledTreeDecoder(model, DeviceEagleDrafter(head, model, top_k=4, depth=5, compile="blocks",
+                                                         compile_backend="eager"), max_len=128).generate(prompt, 30,
+                                                                                                          budget=32)
+    assert ref.tokens == fast.tokens == want
+    assert [(s.proposed, s.parents, s.path) for s in fast.trace.steps] == \
+           [(s.proposed, s.parents, s.path) for s in ref.trace.steps]
+    assert max(s.n_accepted for s in fast.trace.steps) >= 2
 
 
 @CUDA
