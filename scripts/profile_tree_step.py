@@ -156,7 +156,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=160)
     ap.add_argument("--compile", default="blocks", choices=("blocks", "none"))
     ap.add_argument("--attention", default="sdpa", choices=ATTENTIONS,
-                    help="the target's (and EAGLE-3 head's) attention: torch's, or labkit's Triton kernel over the cache")
+                    help="the target's (and the EAGLE-3 head's) attention: torch's, or labkit's Triton kernel over "
+                         "the static cache")
     ap.add_argument("--rows", type=int, default=40, help="profiler table rows")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     ap.add_argument("--name", default="tree_step_profile")
@@ -183,7 +184,8 @@ def main(argv=None) -> dict:
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke: tiny shapes)",
               "pair": name, "dtype": str(dtype).removeprefix("torch."), "compile": how["compile"],
-              "cuda_graph": how["cuda_graph"], "attention": args.attention, "prompt_len": args.prompt_len, "new_tokens": new,
+              "cuda_graph": how["cuda_graph"], "attention": args.attention, "prompt_len": args.prompt_len,
+              "new_tokens": new,
               "ar_step_ms": ar_step_ms, "replays": {}}
     print(f"[profile] {result['device']}, {name}, AR step {ar_step_ms:.2f} ms", flush=True)
     dec = None
@@ -191,8 +193,8 @@ def main(argv=None) -> dict:
         source, method, category, _ = REPLAYS[key.removesuffix("-unpaced")]
         recorded = load_recorded_steps(ROOT / source, method, max_gamma=MAX_TREE, category=category)
         full = max(g for g, _ in recorded)
-        replay, drafter = tree_drafter(key.removesuffix("-unpaced"), target, {"static": how, "attention": args.attention},
-                                       continuation, recorded, max_len)
+        mode = {"static": how, "attention": args.attention}
+        replay, drafter = tree_drafter(key.removesuffix("-unpaced"), target, mode, continuation, recorded, max_len)
         if key.endswith("-unpaced"):                        # the tree loop's own cost: no drafter's work at all
             drafter = PacedDrafter(replay, CostOnly(lambda: None, "nothing"))
         if dec is None:

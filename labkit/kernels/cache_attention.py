@@ -30,10 +30,14 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .tree_attention import check_qkv
+
 try:
     import triton
     import triton.language as tl
     from torch.library import triton_op, wrap_triton
+
+    from .tree_attention import attend_block  # the online-softmax step over one block of keys
 except ImportError:  # labkit works without Triton: kernels/__init__.py dispatches to the reference
     triton = None
 
@@ -83,19 +87,9 @@ if triton is not None:
             seen = tl.load(Mask + t[:, None] * stride_mt + slots[None, :],
                            mask=r_valid[:, None] & s_valid[None, :], other=0) != 0     # (BLOCK_M, BLOCK_N)
             if tl.max(tl.max(seen.to(tl.int32), 1), 0) > 0:                            # some row sees a slot here
-                kT = tl.load(k_base + slots[None, :] * stride_ks + offs_d[:, None],
-                             mask=s_valid[None, :] & d_valid[:, None], other=0.0)       # (BLOCK_D, BLOCK_N)
-                qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale            # (BLOCK_M, BLOCK_N)
-                qk = tl.where(seen, qk, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(qk, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                  # rows that saw nothing yet
-                p = tl.exp2(qk - m_safe[:, None])                                      # (BLOCK_M, BLOCK_N)
-                alpha = tl.exp2(m_i - m_safe)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :],
-                            mask=s_valid[:, None] & d_valid[None, :], other=0.0)       # (BLOCK_N, BLOCK_D)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-                m_i = m_new
+                m_i, l_i, acc = attend_block(q, k_base + slots[None, :] * stride_ks + offs_d[:, None],
+                                             v_base + slots[:, None] * stride_vs + offs_d[None, :],
+                                             s_valid, d_valid, seen, m_i, l_i, acc, qk_scale, DOT_PRECISION)
         # partial results, (B, H, T, splits[, hd]) contiguous: the row's (b, h, t) and this split
         part = ((b * n_kv_heads * GROUPS + h) * n_tokens + t) * n_splits + split            # (BLOCK_M,)
         tl.store(Acc + part[:, None] * head_dim + offs_d[None, :], acc, mask=r_valid[:, None] & d_valid[None, :])
@@ -158,12 +152,8 @@ def merge_splits(acc: torch.Tensor, m: torch.Tensor, l_sum: torch.Tensor, dtype:
 
 def check_shapes(q, k, v, mask) -> None:
     """Validate the call, with what to pass instead."""
-    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
-        raise ValueError(f"q must be (B, H, T, hd) and k, v (B, Hkv, S, hd); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    B, H, T, hd = q.shape
-    if k.shape[0] != B or k.shape[3] != hd or H % k.shape[1]:
-        raise ValueError(f"k/v {tuple(k.shape)} do not match q {tuple(q.shape)} (batch, head_dim, GQA groups)")
+    check_qkv(q, k, v)
+    T = q.shape[2]
     if mask is None or mask.dtype != torch.bool or mask.shape != (T, k.shape[2]):
         got = None if mask is None else (tuple(mask.shape), mask.dtype)
         raise ValueError(f"mask must be a (T, S) = ({T}, {k.shape[2]}) bool tensor of the slots each token sees, "

@@ -56,6 +56,24 @@ def tree_mask(parents: torch.Tensor, prefix_len: int, anc: torch.Tensor | None =
 if triton is not None:
 
     @triton.jit
+    def attend_block(q, k_ptrs, v_ptrs, s_valid, d_valid, visible, m_i, l_i, acc, qk_scale,
+                     DOT_PRECISION: tl.constexpr):
+        """One block of keys in an online softmax (06-fused-attention's inner step): q (BLOCK_M, BLOCK_D) against
+        the keys at k_ptrs (BLOCK_D, BLOCK_N), each row's scores where `visible` (BLOCK_M, BLOCK_N) allows, folded
+        into its running max m_i, sum l_i (log2 units) and weighted values acc with the values at v_ptrs
+        (BLOCK_N, BLOCK_D). Returns the new (m_i, l_i, acc)."""
+        kT = tl.load(k_ptrs, mask=s_valid[None, :] & d_valid[:, None], other=0.0)             # (BLOCK_D, BLOCK_N)
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale                         # (BLOCK_M, BLOCK_N)
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                          # rows that saw nothing yet
+        p = tl.exp2(qk - m_safe[:, None])                                                     # (BLOCK_M, BLOCK_N)
+        alpha = tl.exp2(m_i - m_safe)
+        v = tl.load(v_ptrs, mask=s_valid[:, None] & d_valid[None, :], other=0.0)              # (BLOCK_N, BLOCK_D)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+    @triton.jit
     def _tree_attention_kernel(
         Q, K, V, Mask, Out,
         stride_qb, stride_qh, stride_qn,
@@ -96,9 +114,6 @@ if triton is not None:
             for start_n in range(lo, hi, BLOCK_N):
                 slots = start_n + offs_n                                               # (BLOCK_N,)
                 s_valid = slots < hi
-                kT = tl.load(k_base + slots[None, :] * stride_ks + offs_d[:, None],
-                             mask=s_valid[None, :] & d_valid[:, None], other=0.0)       # (BLOCK_D, BLOCK_N)
-                qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale        # (BLOCK_M, BLOCK_N)
                 if phase == 0:
                     visible = m_valid[:, None] & s_valid[None, :]
                 else:
@@ -106,16 +121,9 @@ if triton is not None:
                     seen = tl.load(Mask + offs_m[:, None] * n_nodes + nodes[None, :],
                                    mask=m_valid[:, None] & s_valid[None, :], other=0)
                     visible = seen != 0
-                qk = tl.where(visible, qk, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(qk, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                  # rows that saw nothing yet
-                p = tl.exp2(qk - m_safe[:, None])                                      # (BLOCK_M, BLOCK_N)
-                alpha = tl.exp2(m_i - m_safe)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(v_base + slots[:, None] * stride_vs + offs_d[None, :],
-                            mask=s_valid[:, None] & d_valid[None, :], other=0.0)       # (BLOCK_N, BLOCK_D)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-                m_i = m_new
+                m_i, l_i, acc = attend_block(q, k_base + slots[None, :] * stride_ks + offs_d[:, None],
+                                             v_base + slots[:, None] * stride_vs + offs_d[None, :],
+                                             s_valid, d_valid, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION)
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]                            # padded rows: 0, not nan
         tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
@@ -148,14 +156,21 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parents: t
     return out
 
 
-def check_shapes(q, k, v, parents, prefix_len: int) -> int:
-    """Validate the call; return the number of key/value heads."""
+def check_qkv(q, k, v) -> int:
+    """q (B, H, N, hd) against k, v (B, Hkv, S, hd), or a ValueError that says what does not match; returns Hkv."""
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
         raise ValueError(f"q must be (B, H, N, hd) and k, v (B, Hkv, S, hd); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     B, H, N, hd = q.shape
     if k.shape[0] != B or k.shape[3] != hd or H % k.shape[1]:
         raise ValueError(f"k/v {tuple(k.shape)} do not match q {tuple(q.shape)} (batch, head_dim, GQA groups)")
+    return k.shape[1]
+
+
+def check_shapes(q, k, v, parents, prefix_len: int) -> int:
+    """Validate the call; return the number of key/value heads."""
+    check_qkv(q, k, v)
+    N = q.shape[2]
     if parents.shape != (N,):
         raise ValueError(f"parents has shape {tuple(parents.shape)} but q has N={N} tree nodes")
     if not 0 <= prefix_len or prefix_len + N > k.shape[2]:
