@@ -93,8 +93,6 @@ def use_attention(model: nn.Module, kind: str) -> nn.Module:
     scaled_dot_product_attention (the reference, and the default), or "triton", kernels/cache_attention (CUDA; a CPU
     runs it only under TRITON_INTERPRET=1, slowly). Steps compiled after the swap trace the new attention."""
     import os
-
-    from .transformer import Attention
     if kind not in ATTENTIONS:
         raise ValueError(f"unknown attention {kind!r}: choose from {', '.join(ATTENTIONS)}")
     device = next(model.parameters()).device
@@ -106,7 +104,7 @@ def use_attention(model: nn.Module, kind: str) -> nn.Module:
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"the Triton attention runs on CUDA GPUs; this model is on {device.type}: use "
                              "attention='sdpa' (a CPU's packed forward path has its own attention kernel)")
-    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    layers = attention_layers(model)
     if kind == "triton" and any(isinstance(m.core, KernelAttention) for m in layers):
         raise ValueError("this model runs the packed CPU path's attention; load it on the reference path "
                          "(backend='reference') to choose the attention")
@@ -115,10 +113,15 @@ def use_attention(model: nn.Module, kind: str) -> nn.Module:
     return model
 
 
+def attention_layers(model: nn.Module) -> list[nn.Module]:
+    """The attention layers under `model`: those whose `core` (softmax(q k^T / sqrt(hd)) v) is one of the swaps here."""
+    cores = (SDPAttention, TritonAttention, KernelAttention)
+    return [m for m in model.modules() if isinstance(getattr(m, "core", None), cores)]
+
+
 def attention_of(model: nn.Module) -> str:
     """Which attention `model`'s layers run: "sdpa", "triton", or the CPU kernels' "packed"."""
-    from .transformer import Attention
-    kinds = {type(m.core) for m in model.modules() if isinstance(m, Attention)}
+    kinds = {type(m.core) for m in attention_layers(model)}
     names = {SDPAttention: "sdpa", TritonAttention: "triton", KernelAttention: "packed"}
     return "+".join(sorted(names.get(k, k.__name__) for k in kinds))
 
