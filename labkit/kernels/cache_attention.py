@@ -38,7 +38,7 @@ try:
     from torch.library import triton_op, wrap_triton
 
     from .tree_attention import attend_block  # the online-softmax step over one block of keys
-except ImportError:  # labkit works without Triton: kernels/__init__.py dispatches to the reference
+except ImportError:  # labkit works without Triton: models.backends.use_attention keeps torch's attention
     triton = None
 
 BLOCK_N = 64             # slots per inner step
@@ -166,7 +166,7 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 
     splits: ranges of the S slots, one program each (default `default_splits(S)`)."""
     if triton is None:
-        raise RuntimeError("Triton is not installed: use cache_attention_ref (or kernels.attend_cache, which picks)")
+        raise RuntimeError("Triton is not installed: use cache_attention_ref (torch's attention)")
     check_shapes(q, k, v, mask)
     splits = default_splits(k.shape[2]) if splits is None else splits
     if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= k.shape[2]:

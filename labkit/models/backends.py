@@ -26,11 +26,11 @@ not the bf16 one's (its quality against bf16: scripts/precision_quality.py). `la
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .layers import RMSNorm, Rotary, SDPAttention, SwiGLU
 
@@ -76,23 +76,22 @@ class KernelAttention(nn.Module):
 ATTENTIONS = ("sdpa", "triton")
 
 
-class TritonAttention(nn.Module):
+class TritonAttention(SDPAttention):
     """labkit's Triton attention over a static cache (kernels/cache_attention: K/V read once per head group, the
     cache split across programs, its unused tail skipped) where the mask is a (T, S) bool one, as the compiled loops
-    give it; torch's attention for any other mask."""
+    give it; torch's attention (SDPAttention) for any other mask."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         from ..kernels import cache_attention as cache
         if mask is not None and mask.dtype == torch.bool and mask.shape == (q.shape[2], k.shape[2]):
             return cache.cache_attention(q, k, v, mask)                                      # (B, H, T, hd)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return super().forward(q, k, v, mask)
 
 
 def use_attention(model: nn.Module, kind: str) -> nn.Module:
     """Run every attention of `model` (each layer's `core`) with `kind`, in place: "sdpa", torch's
     scaled_dot_product_attention (the reference, and the default), or "triton", kernels/cache_attention (CUDA; a CPU
     runs it only under TRITON_INTERPRET=1, slowly). Steps compiled after the swap trace the new attention."""
-    import os
     if kind not in ATTENTIONS:
         raise ValueError(f"unknown attention {kind!r}: choose from {', '.join(ATTENTIONS)}")
     device = next(model.parameters()).device
@@ -115,7 +114,7 @@ def use_attention(model: nn.Module, kind: str) -> nn.Module:
 
 def attention_layers(model: nn.Module) -> list[nn.Module]:
     """The attention layers under `model`: those whose `core` (softmax(q k^T / sqrt(hd)) v) is one of the swaps here."""
-    cores = (SDPAttention, TritonAttention, KernelAttention)
+    cores = (SDPAttention, KernelAttention)                                 # TritonAttention is an SDPAttention
     return [m for m in model.modules() if isinstance(getattr(m, "core", None), cores)]
 
 
