@@ -23,6 +23,7 @@ from labkit.drafters.prompt_lookup import PromptLookupDrafter
 from labkit.drafters.suffix import SuffixDrafter
 from labkit.kernels import HAVE_TRITON
 from labkit.kernels import cache_attention as ca
+from labkit.kernels.tree_attention import random_tree
 from labkit.models.backends import attention_of, use_attention
 from labkit.models.eagle_heads import Eagle3Head, EagleConfig
 
@@ -42,8 +43,7 @@ def inputs(H, Hkv, T, S, hd=32, B=1, dtype=torch.float32, seed=0):
 
 
 def random_parents(T, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
+    return random_tree(T, torch.Generator().manual_seed(seed)).tolist()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -119,31 +119,31 @@ def test_use_attention_swaps_every_layer_and_refuses_what_cannot_run(monkeypatch
     assert attention_of(model) == "sdpa"
 
 
-def decoders(model, compile):
-    """Plain decoding, a chain (prompt lookup) and a tree (suffix decoding), compiled as asked."""
-    how = dict(compile=compile, compile_backend="inductor" if compile == "inductor-blocks" else "eager") \
-        if compile else {}
-    if compile == "inductor-blocks":
-        how["compile"] = "blocks"
+def decoders(model, how: dict):
+    """Plain decoding, a chain (prompt lookup) and a tree (suffix decoding), each built `how` (static-loop options)."""
     return [lambda p: StaticDecoder(model, max_len=128, **how).generate(p, 24),
             lambda p: CompiledSpeculativeDecoder(model, PromptLookupDrafter(), max_len=128, **how).generate(p, 24,
-                                                                                                            gamma=4),
+                                                                                                             gamma=4),
             lambda p: CompiledTreeDecoder(model, SuffixDrafter(), max_len=128, **how).generate(p, 24, budget=12)]
 
 
-@pytest.mark.parametrize("compile", [False, "blocks", "inductor-blocks"], ids=["static", "traced-blocks", "inductor"])
+COMPILES = {"static": {}, "traced-blocks": dict(compile="blocks", compile_backend="eager"),
+            "inductor": dict(compile="blocks")}
+
+
+@pytest.mark.parametrize("compile", COMPILES)
 def test_the_compiled_loops_with_the_triton_attention_decode_what_plain_decoding_does(compile, monkeypatch):
     model = tiny_model(seed=0).to(DEVICE)
     want = [autoregressive_generate(model, p, max_new_tokens=24).tokens for p in PROMPTS]   # torch's attention
     use_attention(model, "triton")
-    for run in decoders(model, compile):
+    for run in decoders(model, COMPILES[compile]):
         for prompt, tokens in zip(PROMPTS, want):
             out = run(prompt)
             assert out.tokens == tokens, prompt.tolist()
             assert out.trace.n_generated == 24
     # the kernel is what ran (or was compiled into the step), not torch's: with its merge broken the tokens change
     monkeypatch.setattr(ca, "merge_splits", lambda acc, m, l_sum, dtype: (acc.sum(-2) / 2).to(dtype))
-    for run in decoders(model, compile):
+    for run in decoders(model, COMPILES[compile]):
         assert run(PROMPTS[0]).tokens != want[0]
 
 
@@ -175,11 +175,7 @@ def test_cuda_graphs_with_the_triton_attention_decode_what_plain_decoding_does()
     model = tiny_model(seed=0).cuda()
     want = [autoregressive_generate(model, p, max_new_tokens=24).tokens for p in PROMPTS]
     use_attention(model, "triton")
-    how = dict(compile="blocks", cuda_graph=True)
-    runs = [lambda p: StaticDecoder(model, max_len=128, **how).generate(p, 24),
-            lambda p: CompiledSpeculativeDecoder(model, PromptLookupDrafter(), max_len=128, **how).generate(p, 24),
-            lambda p: CompiledTreeDecoder(model, SuffixDrafter(), max_len=128, **how).generate(p, 24, budget=12)]
-    for run in runs:
+    for run in decoders(model, dict(compile="blocks", cuda_graph=True)):
         assert [run(p).tokens for p in PROMPTS] == want
 
 

@@ -30,7 +30,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .tree_attention import check_qkv
+from .tree_attention import check_qkv, random_tree, tree_mask
 
 try:
     import triton
@@ -187,14 +187,8 @@ def step_mask(n_cached: int, parents: list[int], n_slots: int) -> torch.Tensor:
     """(T, S) bool: a step of T tokens (a tree, parents[i] < i, -1 under the last committed token; a chain is
     [-1, 0, 1, ...]) written after `n_cached` committed slots of a cache of `n_slots`: each token sees the committed
     slots, itself and its ancestors, and nothing after the step (as compiled.tree_mask makes it)."""
-    T = len(parents)
-    mask = torch.zeros(T, n_slots, dtype=torch.bool)
-    mask[:, :n_cached] = True
-    for i, p in enumerate(parents):
-        mask[i, n_cached + i] = True
-        if p >= 0:
-            mask[i, n_cached:n_cached + T] |= mask[p, n_cached:n_cached + T]
-    return mask
+    seen = tree_mask(torch.tensor(parents), n_cached)                                     # (T, n_cached + T)
+    return torch.cat([seen, seen.new_zeros(len(parents), n_slots - n_cached - len(parents))], dim=1)  # (T, S)
 
 
 def check(B=1, H=6, Hkv=2, T=5, n_cached=70, S=200, hd=32, dtype=torch.float32, device="cpu", seed=0) -> float:
@@ -203,8 +197,7 @@ def check(B=1, H=6, Hkv=2, T=5, n_cached=70, S=200, hd=32, dtype=torch.float32, 
     q = torch.randn(B, H, T, hd, generator=g).to(device, dtype)
     k = torch.randn(B, Hkv, S, hd, generator=g).to(device, dtype)
     v = torch.randn(B, Hkv, S, hd, generator=g).to(device, dtype)
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, T)]
-    mask = step_mask(n_cached, parents, S).to(device)
+    mask = step_mask(n_cached, random_tree(T, g).tolist(), S).to(device)
     err = (cache_attention(q, k, v, mask).float() - cache_attention_ref(q, k, v, mask).float()).abs().max()
     tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
     if not err <= tol:
