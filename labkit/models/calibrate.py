@@ -1,21 +1,29 @@
-"""Choosing the forward path on this machine: read the CPU, time each path once, remember the answer.
+"""Choosing the forward path on this machine: read the CPU, time each path, remember the answer.
 
 Which kernels make a k-token verify cost about what a one-token step costs depends on the CPU
 (AVX2 only, AVX-512, AVX512_BF16, AMX) and on torch's build, so labkit measures instead of
 guessing. For a model's shape and precision it builds a few random-weight layers of that shape
 (more weight bytes than the CPU's caches hold, so they stream from memory as the real model's
-do), times 1-, 8- and 32-token forwards on every candidate path, and picks the fastest one-token
-path among those whose 8-token forward costs at most FLAT one-token forwards (the fastest
-8-token path when none is that flat); among paths within TIE of that one-token time, the one
-with the fastest 32-token forward (a token tree's verify) wins. It takes a few seconds and is cached per CPU,
-torch version, kernel build, thread count and shape; a cache entry from anything else is
-ignored and measured again.
+do), times 1-, 8- and 32-token forwards on every candidate path (the paths take turns), and picks
+(`pick`), among the paths no other path beats at every size, the fastest one-token path of those
+whose 8-token forward costs at most FLAT one-token forwards (the fastest 8-token path when none is
+that flat); among paths within TIE of that one-token time, the one with the fastest 32-token
+forward (a token tree's verify) wins.
+
+Timing on a shared machine can mislead, so the other processes' CPU use is read while the paths
+are timed (`OthersCPU`). Where they kept more than BUSY cores busy, the paths are timed again, up to
+ROUNDS times, each path keeping its fastest run; a choice still made on a busy machine serves this
+process only and is not cached (one note line says so). A quiet choice is cached per CPU, torch
+version, kernel build, thread count and shape; a cache entry from anything else, or one the rule
+would not pick from its own times, is ignored and measured again. `python -m labkit models
+--calibration` shows the cache, `--recalibrate` measures its entries again.
 
     from labkit.models.calibrate import choose_path, machine
     choice = choose_path(model.args, "bf16")     # choice.path, choice.times, choice.source
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import platform
@@ -35,8 +43,10 @@ from .transformer import ModelArgs, Transformer
 
 FLAT = 1.5                   # a path is flat when t(8) <= FLAT * t(1)
 TIE = 1.10                   # one-token times within 10% are a tie, decided by t(32)
+BUSY = 0.25                  # cores other processes kept busy above which a timing is not cached
+ROUNDS = 3                   # timings of the paths at most, while the machine stays busy
 CALIBRATION_TOKENS = (1, 8, 32)
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def cpu_name() -> str:
@@ -135,8 +145,11 @@ class PathChoice:
     precision: str
     times: dict[str, dict[str, float]]   # path -> {"1": seconds, "8": ..., "32": ...}
     machine: dict
-    source: str                          # "measured" or "cache"
+    source: str                          # "measured", "cache", or "busy" (measured under load: this process only)
     measured_at: str = ""
+    others_cpu: float | None = None      # cores other processes kept busy during the last timing round
+    rounds: int = 1                      # timing rounds it took (more while the machine was busy)
+    shape: dict | None = None            # the ModelArgs timed, to measure the entry again (--recalibrate)
 
     def ratio(self, path: str | None = None) -> float:
         """t(8) / t(1) of `path` (the chosen one by default)."""
@@ -165,7 +178,7 @@ def _note_once(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def _cache_file():
+def cache_file() -> Path:
     from .hub import cache_dir
     return cache_dir() / "calibration.json"
 
@@ -183,7 +196,7 @@ def _key(args: ModelArgs, precision: str, m: dict) -> str:
 def _read_cache() -> dict:
     """The cached entries, or {} for a missing, unreadable or other-version file (never trusted blindly)."""
     try:
-        data = json.loads(_cache_file().read_text())
+        data = json.loads(cache_file().read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(data.get("entries"), dict):
@@ -192,7 +205,7 @@ def _read_cache() -> dict:
 
 
 def _write_cache(entries: dict) -> None:
-    path = _cache_file()
+    path = cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -207,8 +220,9 @@ def _from_cache(entry: object, m: dict, precision: str) -> PathChoice | None:
     try:
         choice = PathChoice(**entry)
         ok = (choice.machine == m and choice.precision == precision and choice.path in choice.times
-              and all(set(t) == {str(T) for T in CALIBRATION_TOKENS} for t in choice.times.values()))
-    except TypeError:
+              and all(set(t) == {str(T) for T in CALIBRATION_TOKENS} for t in choice.times.values())
+              and choice.path == pick(choice.times))      # a choice the rule would not make from its times: redo
+    except (TypeError, KeyError, ValueError, AttributeError):
         return None
     return replace(choice, source="cache") if ok else None
 
@@ -225,18 +239,31 @@ def calibration_model(args: ModelArgs, precision: str, min_bytes: float = 4e8) -
 
 
 @torch.no_grad()
-def measure(args: ModelArgs, precision: str, paths: list[str], context: int = 64, repeats: int = 4) -> dict:
+def measure(args: ModelArgs, precision: str, paths: list[str], context: int = 64, repeats: int = 4,
+            built: dict | None = None) -> dict:
     """Seconds of a 1-, 8- and 32-token forward on each path, for `args`'s shape (best of `repeats`).
 
     The paths take turns (`time_forward_rounds`), so load from another process slows every path alike
-    instead of the one being timed: a choice made under load, and cached, would stay wrong on a quiet machine."""
-    models = {path: apply_path(calibration_model(args, precision), path, precision) for path in paths}
+    instead of the one being timed. `built`: a dict that keeps the paths' layers from one call to the next."""
+    models = {} if built is None else built
+    if set(models) != set(paths):
+        layers = calibration_model(args, precision)
+        models.clear()
+        models.update({path: apply_path(copy.deepcopy(layers), path, precision) for path in paths})
     runs = time_forward_rounds(models, context, CALIBRATION_TOKENS, repeats, progress=False)
     return {path: {str(T): min(r) for T, r in by_T.items()} for path, by_T in runs.items()}
 
 
+def dominated(times: dict[str, dict[str, float]]) -> set[str]:
+    """The paths another path beats at every measured size: never the right choice, however flat they look."""
+    return {p for p, t in times.items()
+            if any(all(other[T] < t[T] for T in t) for q, other in times.items() if q != p)}
+
+
 def pick(times: dict[str, dict[str, float]]) -> str:
-    """The fastest one-token path among the flat ones (ties by t(32)); the fastest 8-token path when none is flat."""
+    """Among the paths no other beats at every size: the fastest one-token path among the flat ones (ties by
+    t(32)); the fastest 8-token path when none is flat."""
+    times = {p: t for p, t in times.items() if p not in dominated(times)}
     flat = [p for p, t in times.items() if t["8"] <= FLAT * t["1"]]
     if not flat:
         return min(times, key=lambda p: times[p]["8"])
@@ -248,21 +275,85 @@ def pick(times: dict[str, dict[str, float]]) -> str:
     return best
 
 
+@dataclass(frozen=True)
+class Timing:
+    """The paths' times over one or more rounds (each path's fastest), and the load during the last round."""
+    times: dict[str, dict[str, float]]
+    others_cpu: float | None             # None where /proc cannot tell
+    rounds: int
+
+    @property
+    def busy(self) -> bool:
+        return self.others_cpu is not None and self.others_cpu > BUSY
+
+
+def timed(args: ModelArgs, precision: str, paths: list[str]) -> Timing:
+    """`measure`, again while other processes keep the machine busy (at most ROUNDS times), each path's fastest
+    run kept: a round that ran quiet is as good as a quiet machine's."""
+    times: dict[str, dict[str, float]] = {}
+    built: dict = {}                               # the layers, built once for every round
+    for rounds in range(1, ROUNDS + 1):
+        with OthersCPU() as others:
+            now = measure(args, precision, paths, built=built)
+        times = {p: {T: min(s, times.get(p, {}).get(T, s)) for T, s in t.items()} for p, t in now.items()}
+        timing = Timing(times, others.cores, rounds)
+        if not timing.busy:
+            break
+    return timing
+
+
+_THIS_PROCESS: dict[str, PathChoice] = {}      # choices made on a busy machine: used here, never cached
+
+
 def choose_path(args: ModelArgs, precision: str, use_cache: bool = True) -> PathChoice:
-    """The forward path for a model of `args`'s shape in `precision` on this machine (cached)."""
+    """The forward path for a model of `args`'s shape in `precision` on this machine (cached when timed quiet)."""
     check_path("reference", precision)           # an unknown precision: a clear error before any timing
     m = machine()
     key = _key(args, precision, m)
-    entries = _read_cache() if use_cache else {}
-    if (cached := _from_cache(entries.get(key), m, precision)) is not None:
-        return cached
-    times = measure(args, precision, candidates(precision))
-    choice = PathChoice(pick(times), precision, times, m, "measured",
-                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    if use_cache:
+        if key in _THIS_PROCESS:
+            return _THIS_PROCESS[key]
+        if (cached := _from_cache(_read_cache().get(key), m, precision)) is not None:
+            return cached
+    timing = timed(args, precision, candidates(precision))
+    choice = PathChoice(pick(timing.times), precision, timing.times, m, "busy" if timing.busy else "measured",
+                        datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        None if timing.others_cpu is None else round(timing.others_cpu, 2), timing.rounds,
+                        asdict(args))
+    if timing.busy:
+        _THIS_PROCESS[key] = choice
+        print(f"note: other processes kept {timing.others_cpu:.1f} cores busy while the forward paths were timed "
+              f"({timing.rounds} rounds): the {choice.path} path serves this process only and is not cached; "
+              "`python -m labkit models --recalibrate` on a quiet machine measures it for good", file=sys.stderr)
+        return choice
     entries = _read_cache()
     entries[key] = asdict(choice)
     _write_cache(entries)
     return choice
+
+
+def cached_choices() -> dict[str, PathChoice]:
+    """Every well-formed entry of the calibration cache, by key (this machine's or not)."""
+    out = {}
+    for key, entry in _read_cache().items():
+        try:
+            out[key] = replace(PathChoice(**entry), source="cache")
+        except TypeError:
+            continue
+    return out
+
+
+def recalibrate() -> list[PathChoice]:
+    """Measure again every cached entry of this machine (a cache made under load or by an older labkit is
+    replaced); entries of other machines are kept as they are."""
+    m, out = machine(), []
+    for key, choice in cached_choices().items():
+        if choice.machine != m or not choice.shape:
+            continue
+        args = ModelArgs(**choice.shape)
+        _THIS_PROCESS.pop(key, None)
+        out.append(choose_path(args, choice.precision, use_cache=False))
+    return out
 
 
 def choose_precision(args: ModelArgs, options: tuple[str, ...] = ("bf16", "int8", "int4")) -> PathChoice:

@@ -101,7 +101,10 @@ def load_native(path: Path, dtype: torch.dtype, max_seq_len: int) -> Transformer
     """Build labkit's Transformer from a transformers checkpoint directory (safetensors)."""
     from safetensors.torch import load_file
     cfg = json.loads((path / "config.json").read_text())
-    args = ModelArgs.from_hf_config(cfg)
+    try:
+        args = ModelArgs.from_hf_config(cfg)
+    except ValueError as e:
+        raise ModelFetchError(f"{path}: {e}") from None
     args.max_seq_len = min(args.max_seq_len, max_seq_len)
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -135,6 +138,25 @@ def load_native(path: Path, dtype: torch.dtype, max_seq_len: int) -> Transformer
     return model.eval().requires_grad_(False)
 
 
+class LoadSteps:
+    """What a load is doing, as one status line on stderr (a load of the 1.5B target takes a while on a CPU)."""
+
+    def __init__(self, name: str, progress: bool):
+        from tqdm import tqdm
+        self.name = Path(name).name
+        self.bar = tqdm(total=None, desc=f"loading {self.name}", bar_format="{desc} ({elapsed})", disable=not progress,
+                        leave=False)
+
+    def now(self, what: str) -> None:
+        self.bar.set_description_str(f"loading {self.name}: {what}", refresh=True)
+
+    def __enter__(self) -> "LoadSteps":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
 def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", backend: str = "auto",
                max_seq_len: int = 4096, device: str = "auto", progress: bool = True) -> LoadedModel:
     """A preset key (see hub.PRESETS), a local transformers directory, or a Hub id -> model + tokenizer.
@@ -154,36 +176,44 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", backend: st
     device, quantized = check_load_args(dtype, backend, device)
     dtype = DTYPES["bf16"] if quantized else DTYPES.get(resolve_dtype(dtype, device), dtype)
     source = resolve_model(name_or_path, progress=progress)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        config = AutoConfig.from_pretrained(source).to_dict()
-    except OSError as e:
-        raise ModelFetchError(f"could not load {name_or_path!r} ({source}): {e}\nUse a preset "
-                              "(python -m labkit models), a local directory with config.json, or a Hub id "
-                              "(needs internet).") from e
-    native = runs_native(config, backend)
-    check_native_dtype(native, dtype, device)
-    model, backend_used, choice = None, "native", None
-    if native:
+    with LoadSteps(name_or_path, progress) as steps:
+        steps.now("tokenizer and config")
         try:
-            model = load_native(_local_dir(source), dtype, max_seq_len)
-        except NotImplementedError:   # e.g. RoPE scaling: fall back to transformers under "auto"
-            if backend != "auto" or quantized:
-                raise
-    if model is None:
-        hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-        model, backend_used = HFCausalLM(hf, min(max_seq_len, config.get("max_position_embeddings", max_seq_len))), "hf"
-    elif device == "cpu":
-        precision = quantized or precision_of(dtype)
-        path = backend if backend in PATHS else None
-        if path is None:
-            from .calibrate import choose_path
-            choice = choose_path(model.args, precision)
-            path = choice.path
-        apply_path(model, path, precision)
-    elif backend not in ("auto", "native", "reference"):
-        raise ValueError(f"the {backend} path runs on a CPU, not on {device}")
-    return LoadedModel(model.to(device), tokenizer, name_or_path, backend_used, _eos_ids(source, tokenizer), choice)
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            config = AutoConfig.from_pretrained(source).to_dict()
+        except OSError as e:
+            raise ModelFetchError(f"could not load {name_or_path!r} ({source}): {e}\nUse a preset "
+                                  "(python -m labkit models), a local directory with config.json, or a Hub id "
+                                  "(needs internet).") from e
+        native = runs_native(config, backend)
+        check_native_dtype(native, dtype, device)
+        model, backend_used, choice = None, "native", None
+        steps.now("weights")
+        if native:
+            try:
+                model = load_native(_local_dir(source), dtype, max_seq_len)
+            except NotImplementedError:   # e.g. RoPE scaling: fall back to transformers under "auto"
+                if backend != "auto" or quantized:
+                    raise
+        if model is None:
+            hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+            model, backend_used = HFCausalLM(hf, min(max_seq_len, config.get("max_position_embeddings",
+                                                                               max_seq_len))), "hf"
+        elif device == "cpu":
+            precision = quantized or precision_of(dtype)
+            path = backend if backend in PATHS else None
+            if path is None:
+                from .calibrate import choose_path
+                steps.now(f"choosing the forward path for {precision} (timed once per machine, then cached)")
+                choice = choose_path(model.args, precision)
+                path = choice.path
+            steps.now(f"the {path} path")
+            apply_path(model, path, precision)
+        elif backend not in ("auto", "native", "reference"):
+            raise ValueError(f"the {backend} path runs on a CPU, not on {device}")
+        steps.now(f"on {device}")
+        model = model.to(device)
+    return LoadedModel(model, tokenizer, name_or_path, backend_used, _eos_ids(source, tokenizer), choice)
 
 
 def draft_precision(name_or_path: str, target: LoadedModel, asked: str = "auto") -> str:
