@@ -1,5 +1,6 @@
 """The benchmark harness: question files, resume after a kill, the report's arithmetic, and a real tiny run."""
 import json
+import os
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from conftest import save_tiny_checkpoint, tiny_tokenizer
 from labkit.bench import BenchConfig, read_questions, run_bench
 from labkit.bench.methods import METHODS, check_methods, default_methods
 from labkit.bench.questions import QuestionFileError
+from labkit.bench.records import read_results
 from labkit.bench.report import (
     ORACLE,
     aggregate,
@@ -16,7 +18,6 @@ from labkit.bench.report import (
     load_run,
     oracle_picks,
 )
-from labkit.bench.runner import read_results
 from labkit.cli import main
 from labkit.core.adaptive import expected_speedup
 
@@ -126,14 +127,39 @@ def test_the_draft_with_another_tokenizer_runs_for_other_presets_only():
 
 
 def test_a_results_line_that_is_not_a_record_is_an_error(tmp_path):
-    from labkit.bench.runner import read_results
+    from labkit.bench.records import DamagedResults, append
     f = tmp_path / "results.jsonl"
-    f.write_text('{"run": "k", "meta": {}}\n{"run": "k", "question_id": "q1"\n')   # the last line cut short: skipped
+    meta = '{"run": "k", "meta": {}}\n'
+    f.write_text(meta + '{"run": "k", "question_id": "q1"')         # the last line cut short by a kill: skipped
     assert read_results(f) == [{"run": "k", "meta": {}}]
+    record = {"run": "k", "question_id": "q1", "question_sha": "s", "category": "c", "method": "ar", "reference": "ar",
+              "exact": True, "new_tokens": 2, "seconds": 0.5, "tokens": [3, 4], "target_forwards": 2,
+              "draft_time": None, "verify_time": 0.4, "steps": [[0, 0, 1, 0.0, 0.2], [0, 0, 1, 0.0, 0.2]]}
+    append(f, record)                                                  # the cut-short line is dropped, not kept
+    assert f.read_text() == meta + json.dumps(record) + "\n" and read_results(f)[1] == record
     for line in ('[1, 2]', '"text"', '{"run": "k", "method": "ar"}'):
         f.write_text(line + "\n")
         with pytest.raises(ValueError, match="results.jsonl:1 is JSON but not a benchmark record"):
             read_results(f)
+    damaged = [("{not json", "results.jsonl:2 is damaged \\(not JSON"),                  # in the middle: not skipped
+               ('{"run": "k", "meta": 3}', "results.jsonl:2 is a run's meta line whose meta is not"),
+               (json.dumps({**record, "seconds": "NaN"}), 'results.jsonl:2 has seconds = "NaN"'),
+               (json.dumps({**record, "seconds": float("nan")}), "results.jsonl:2 has seconds = NaN"),
+               (json.dumps({**record, "seconds": -5}), "results.jsonl:2 has seconds = -5"),
+               (json.dumps({**record, "new_tokens": 3}), "has new_tokens = 3 but 2 tokens"),
+               (json.dumps({**record, "tokens": [3, -4]}), "has tokens = "),
+               (json.dumps({**record, "steps": [[1, "a"]]}), "has steps = "),
+               (json.dumps({**record, "run": 7}), "has a run key 7")]
+    for line, message in damaged:
+        f.write_text(meta + line + "\n" + json.dumps(record) + "\n")
+        with pytest.raises(DamagedResults, match=message):
+            read_results(f)
+        assert read_results(f, skip_damaged=True)[-1] == record
+    f.write_text("{damaged meta\n" + json.dumps(record) + "\n")
+    with pytest.raises(DamagedResults, match="results.jsonl:1 is damaged"):
+        read_results(f)
+    with pytest.raises(ValueError, match="not a benchmark record, not written"):
+        append(f, {**record, "seconds": -1.0})
 
 
 # --- the report's arithmetic on records made up by hand -------------------------------------
@@ -326,9 +352,17 @@ def test_resume_after_kill_redoes_nothing(pair, tmp_path, monkeypatch):
     run_bench(config, progress=False)                                   # all done: nothing appended
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == n_lines
     other = tiny_config(pair, tmp_path, methods=["ar"], limit=1)
-    other.max_new_tokens = 5                                            # new settings: a new run key, measured anew
-    run_bench(other, progress=False)
+    other.max_new_tokens = 5                                            # new settings: refused unless asked for
+    with pytest.raises(ValueError, match=r"holds a run with other settings \(max_new_tokens 12 there, 5 here; methods "
+                                         r"ar,draft,lookup there, ar here; questions tiny.jsonl \(2 questions\) there, "
+                                         r"tiny.jsonl \(1 questions\) here\).*--append.*--force"):
+        run_bench(other, progress=False)
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == n_lines
+    run_bench(other, progress=False, existing="append")                 # a new run key, measured beside the first
     assert len(load_run(tmp_path / "results.jsonl", other.run_key)[1]) == 1
+    assert len(load_run(tmp_path / "results.jsonl", config.run_key)[1]) == 6
+    run_bench(config, progress=False, existing="replace")               # afresh: the old runs are gone
+    assert {r["run"] for r in read_results(tmp_path / "results.jsonl")} == {config.run_key}
 
 
 def test_cli_end_to_end_exact_methods_equal_baseline(pair, tmp_path, capsys):
@@ -355,6 +389,27 @@ def test_cli_end_to_end_exact_methods_equal_baseline(pair, tmp_path, capsys):
     (tmp_path / "bench.md").unlink()
     assert main(["bench", "--questions", "data/questions/tiny.jsonl", "--report-only", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "bench.md").read_text() == md
+    assert main(["bench", "--report-only", "--out", str(tmp_path), "--report-out", str(tmp_path / "elsewhere"),
+                 "--note", "a note"]) == 0                      # written where asked, the folder's report untouched
+    assert "a note" in (tmp_path / "elsewhere" / "bench.md").read_text() and (tmp_path / "bench.md").read_text() == md
+    capsys.readouterr()
+    toy = ["bench", "--questions", "data/questions/tiny.jsonl", "--limit", "1", "--target", pair[0], "--draft", pair[1],
+           "--dtype", "fp32", "--no-chat-template", "--max-new-tokens", "4", "--gamma", "3", "--threads", "1",
+           "--methods", "ar", "--out", str(tmp_path)]
+    assert main(toy) == 2 and "holds a run with other settings" in capsys.readouterr().err
+    assert (tmp_path / "bench.md").read_text() == md            # a toy run replaces no report by accident
+    assert main(toy + ["--append"]) == 0 and (tmp_path / "bench.md").read_text() != md
+
+
+def test_one_bench_at_a_time_in_a_folder(pair, tmp_path):
+    """A second bench on the same --out is refused at once (both would time their runs on the same cores)."""
+    from labkit.bench.runner import locked
+    config = tiny_config(pair, tmp_path, methods=["ar"], limit=1)
+    with locked(tmp_path):
+        with pytest.raises(ValueError, match=rf"a bench is already running in --out {tmp_path} \(pid {os.getpid()}\)"):
+            run_bench(config, progress=False)
+    run_bench(config, progress=False)                                  # free again: it runs
+    assert not (tmp_path / ".bench.lock").exists()
 
 
 def test_cli_bad_question_file(capsys, tmp_path):

@@ -4,7 +4,8 @@
 
 questions.py reads the question file, methods.py names what runs (labkit's decoders and
 transformers' peers), runner.py runs them and appends one JSON line per finished
-(question, method), report.py turns those lines into tables and plots.
+(question, method) to results.jsonl (records.py checks each line), report.py turns those lines
+into tables and plots.
 """
 from .methods import METHODS, Method, MethodResult
 from .questions import Question, read_questions

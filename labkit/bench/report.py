@@ -35,8 +35,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..core.adaptive import expected_speedup
+from ..core.textfile import writable_dir
 from .methods import BASELINE, METHODS
-from .runner import best_runs, read_results
+from .records import read_results
+from .runner import best_runs
 
 ALL = "all"
 ORACLE = "oracle"
@@ -135,10 +137,10 @@ def repeat_spread(records: list[dict]) -> dict:
     return {"repeat_spread": {"median": spreads[len(spreads) // 2], "max": spreads[-1], "pairs": len(spreads)}}
 
 
-def load_run(path: str | Path, run_key: str | None = None) -> tuple[dict, list[dict]]:
+def load_run(path: str | Path, run_key: str | None = None, skip_damaged: bool = False) -> tuple[dict, list[dict]]:
     """(meta, records) of one run in a results file: `run_key`'s, or the latest run's; one record per (question,
     method), its fastest repeat (runner.best_runs)."""
-    records = read_results(Path(path))
+    records = read_results(Path(path), skip_damaged)
     metas = [r for r in records if "meta" in r]
     if not metas:
         raise ValueError(f"{path} holds no benchmark run: run `python -m labkit bench` first")
@@ -411,19 +413,20 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
     return "\n".join(lines) + "\n"
 
 
-def write_report(results: str | Path, run_key: str | None = None, note: str = "") -> list[Path]:
-    """bench.md, bench.csv, bench.json and the plots beside the results file; returns their paths.
+def write_report(results: str | Path, run_key: str | None = None, note: str = "", out: str | Path | None = None,
+                 skip_damaged: bool = False) -> list[Path]:
+    """bench.md, bench.csv, bench.json and the plots beside the results file (or in `out`); returns their paths.
 
     `note`: a sentence for the Markdown header (what else ran on the machine, say).
     """
     results = Path(results)
-    meta, records = load_run(results, run_key)
+    meta, records = load_run(results, run_key, skip_damaged)
     rows, mismatches = aggregate(records, meta.get("labels"))
     meta = {**meta, "oracle_picks": oracle_picks(records), **repeat_spread(records)}
     counts = gates(records, meta.get("labels"))
     if counts:
         meta["gates"] = counts
-    out = results.parent
+    out = results.parent if out is None else writable_dir(out, "--report-out")
     paths = [out / "bench.md", out / "bench.csv", out / "bench.json"]
     if not rows:
         raise ValueError(f"no question in {results} is finished by every method yet: run the benchmark on")

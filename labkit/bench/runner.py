@@ -9,11 +9,13 @@ the missing rounds.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,8 +37,8 @@ from .methods import (
     default_methods,
 )
 from .questions import Question, read_questions
+from .records import RESULTS, append, read_results
 
-RESULTS = "results.jsonl"
 WARM_UP_PROMPT, WARM_UP_TOKENS = "Say hi.", 8
 
 
@@ -105,30 +107,6 @@ class BenchConfig:
         return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
 
 
-RESULT_KEYS = ("question_id", "question_sha", "category", "method", "reference", "exact", "new_tokens", "seconds",
-               "tokens", "target_forwards", "draft_time", "verify_time", "steps")
-
-
-def read_results(path: Path) -> list[dict]:
-    """Every complete JSON line of a results file (a line cut short by a kill is skipped); a line that is
-    JSON but not a benchmark record is an error naming the file and line."""
-    if not path.is_file():
-        return []
-    records = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "run" in record and (
-                isinstance(record.get("meta"), dict) or all(k in record for k in RESULT_KEYS)):
-            records.append(record)
-            continue
-        raise ValueError(f"{path}:{n} is JSON but not a benchmark record (a run's meta, or a result with "
-                         f"{', '.join(RESULT_KEYS)}): remove that line, or give --out a directory of its own")
-    return records
-
-
 def load_recorded_steps(results: str | Path, method: str, max_gamma: int | None = None,
                         category: str | tuple[str, ...] | None = None) -> list[tuple[int, int]]:
     """Every step (γ, n_accepted) of `method`'s runs in a benchmark's results.jsonl, question after question
@@ -179,17 +157,6 @@ def best_runs(records: list[dict]) -> list[dict]:
              "rounds": {r.get("repeat", 0): (r["new_tokens"], r["seconds"]) for r in rs}} for rs in groups.values()]
 
 
-def _append(path: Path, record: dict) -> None:
-    cut_short = False
-    if path.is_file() and path.stat().st_size:
-        with path.open("rb") as f:
-            f.seek(-1, 2)
-            cut_short = f.read(1) != b"\n"                    # a line cut short by a kill: start afresh
-    with path.open("a", encoding="utf-8") as f:
-        f.write(("\n" if cut_short else "") + json.dumps(record) + "\n")
-        f.flush()
-
-
 def load_models(config: BenchConfig, progress: bool = True, target=None) -> Models:
     """labkit's pair, and transformers' copies of the checkpoints only when a chosen method needs them (`target`:
     the target, already loaded as the config says)."""
@@ -236,32 +203,112 @@ def output_dir(out: str | Path) -> Path:
     return out
 
 
-def run_bench(config: BenchConfig, models: Models | None = None, progress: bool = True) -> Path:
-    """Run every pending (question, method) pair; returns the results file."""
+KEYED = ("target", "draft", "dtype", "max_new_tokens", "gamma", "lookup_tokens", "threads", "chat_template", "backend",
+         "device", "draft_precision", "draft_window", "loop", "draft_vocab", "layer_skip_tokens")
+EXISTING = ("refuse", "append", "replace")     # what a run does where --out holds a run with other settings
+
+
+def question_set(questions_file: str | Path, questions: list[Question]) -> dict:
+    """Which questions a run asks: the file's name, how many, and a hash of their ids and texts."""
+    ids = "\n".join(f"{q.question_id}:{q.sha}" for q in questions)
+    return {"file": Path(questions_file).name, "n": len(questions),
+            "sha": hashlib.sha256(ids.encode()).hexdigest()[:12]}
+
+
+def differences(meta: dict, config: BenchConfig, questions: list[Question]) -> list[str]:
+    """How this run's settings differ from a recorded run's meta ([]: the same run, to resume or repeat)."""
+    out = [f"{k} {meta.get(k)!r} there, {getattr(config, k)!r} here" for k in KEYED
+           if k in meta and meta[k] != getattr(config, k)]
+    if sorted(meta.get("methods") or []) != sorted(config.methods):
+        out.append(f"methods {','.join(meta.get('methods') or [])} there, {','.join(config.methods)} here")
+    asked = question_set(config.questions, questions)
+    there = meta.get("question_set")
+    if there is None:                              # a run recorded before question sets were: its file and selection
+        there = {"file": Path(str(meta.get("questions", ""))).name}
+        for k in ("categories", "limit"):
+            if meta.get(k) != getattr(config, k):
+                out.append(f"{k} {meta.get(k)!r} there, {getattr(config, k)!r} here")
+    if there.get("file") != asked["file"] or there.get("sha", asked["sha"]) != asked["sha"]:
+        n = f" ({there['n']} questions)" if "n" in there else ""
+        out.append(f"questions {there.get('file')}{n} there, {asked['file']} ({asked['n']} questions) here")
+    return out
+
+
+def latest_meta(path: Path, skip_damaged: bool = False) -> dict | None:
+    """The meta of the last run recorded in a results file (None: no run yet)."""
+    metas = [r["meta"] for r in read_results(path, skip_damaged) if "meta" in r]
+    return metas[-1] if metas else None
+
+
+def check_existing(path: Path, config: BenchConfig, questions: list[Question], existing: str) -> None:
+    """Refuse, before any model loads, a run whose settings differ from those of the run already in the folder,
+    unless told to add it there (append) or to start the folder afresh (replace)."""
+    if existing not in EXISTING:
+        raise ValueError(f"existing must be one of {', '.join(EXISTING)}, got {existing!r}")
+    meta = latest_meta(path)
+    if meta is None or existing != "refuse" or not (diff := differences(meta, config, questions)):
+        return
+    raise ValueError(f"--out {path.parent} holds a run with other settings ({'; '.join(diff[:4])}"
+                     f"{'; ...' if len(diff) > 4 else ''}): give another --out, or --append to add this run there "
+                     "(its report then shows this run), or --force to replace the results there")
+
+
+@contextmanager
+def locked(out: Path):
+    """Hold `out` for one bench at a time: a second bench on the same folder is refused at once."""
+    lock = out / ".bench.lock"
+    with lock.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise ValueError(f"a bench is already running in --out {out} (pid {holder}): wait for it to finish, or "
+                             "give this run another --out") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+
+
+def run_bench(config: BenchConfig, models: Models | None = None, progress: bool = True,
+              existing: str = "refuse") -> Path:
+    """Run every pending (question, method) pair; returns the results file. Where the folder holds a run with
+    other settings, `existing` says what to do: refuse (an error naming them), append, or replace."""
     questions = read_questions(config.questions, config.categories, config.limit)
-    path = output_dir(config.out) / RESULTS
-    done = done_pairs(read_results(path), config.run_key)
-    todo = [(q, [(m, r) for r in range(config.repeats) for m in rotated(config.methods, i + r)
-                 if (q.question_id, q.sha, m, r) not in done])
-            for i, q in enumerate(questions)]
-    todo = [(q, ms) for q, ms in todo if ms]
-    if not todo:
-        if progress:
-            print(f"all {len(questions)} questions x {len(config.methods)} methods x {config.repeats} repeats "
-                  f"already in {path}")
-        return path
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
-        _run_pending(config, todo, path, models or load_models(config, progress), progress)
-    finally:
-        torch.set_num_threads(threads_before)
+    out = output_dir(config.out)
+    path = out / RESULTS
+    check_existing(path, config, questions, existing)
+    with locked(out):
+        if existing == "replace":
+            path.unlink(missing_ok=True)
+        done = done_pairs(read_results(path), config.run_key)
+        todo = [(q, [(m, r) for r in range(config.repeats) for m in rotated(config.methods, i + r)
+                     if (q.question_id, q.sha, m, r) not in done])
+                for i, q in enumerate(questions)]
+        todo = [(q, ms) for q, ms in todo if ms]
+        if not todo:
+            if progress:
+                print(f"all {len(questions)} questions x {len(config.methods)} methods x {config.repeats} repeats "
+                      f"already in {path}")
+            return path
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(config.threads)
+        try:
+            _run_pending(config, questions, todo, path, models or load_models(config, progress), progress)
+        finally:
+            torch.set_num_threads(threads_before)
     return path
 
 
-def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[tuple[str, int]]]], path: Path,
-                 models: Models, progress: bool) -> None:
-    _append(path, {"run": config.run_key, "meta": _meta(config, models)})
+def _run_pending(config: BenchConfig, questions: list[Question], todo: list[tuple[Question, list[tuple[str, int]]]],
+                 path: Path, models: Models, progress: bool) -> None:
+    append(path, {"run": config.run_key, "meta": {**_meta(config, models),
+                                                  "question_set": question_set(config.questions, questions)}})
     names = list(dict.fromkeys(m for _, ms in todo for m, _ in ms))
     warm_ids = encode(models, Question("warm-up", "warm-up", WARM_UP_PROMPT), config.chat_template)
     for name in tqdm(names, desc="warm-up", disable=not progress):      # first calls allocate; not timed
@@ -278,7 +325,7 @@ def _run_pending(config: BenchConfig, todo: list[tuple[Question, list[tuple[str,
             t0 = time.perf_counter()
             result = runs[name](ids, workload=(q.category, repeat)) if m.per_workload else runs[name](ids)
             wall = time.perf_counter() - t0
-            _append(path, {"run": config.run_key, "question_id": q.question_id, "question_sha": q.sha,
+            append(path, {"run": config.run_key, "question_id": q.question_id, "question_sha": q.sha,
                            "category": q.category, "method": name, "reference": m.reference, "exact": m.exact,
                            "prompt_tokens": ids.numel(), "new_tokens": len(result.tokens), "repeat": repeat,
                            **asdict(result), "seconds": wall if result.seconds is None else result.seconds})
