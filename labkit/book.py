@@ -21,6 +21,8 @@ import re
 import shutil
 from pathlib import Path
 
+from .core.textfile import check_regular, writable_dir
+
 NOTEBOOKS = "notebooks"
 OUT = Path("build") / "book"
 MATHJAX = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
@@ -33,7 +35,10 @@ NEEDS_KERNEL = ('<div class="lk-needs-kernel" style="border:1px dashed #bbb;padd
 MATHJAX_FONTS = ('<script type="text/x-mathjax-config">MathJax.Hub.Config({"HTML-CSS": {availableFonts: ["STIX-Web"], '
                  'preferredFont: "STIX-Web", webFont: "STIX-Web", imageFont: null}, '
                  'tex2jax: {inlineMath: [["$", "$"]], processEscapes: true}, messageStyle: "none"});</script>')
-REMOTE = re.compile(r'<(?:script|link)\b[^>]*\b(?:src|href)="(?:https?:)?//[^"]*"[^>]*>', re.I)
+REMOTE = re.compile(r'<(?:script|link)\b[^>]*\b(?:src|href)="(?:https?:)?//[^"]*"[^>]*>'
+                    r'|\bimport\s*\(\s*["\'](?:https?:)?//[^"\']*', re.I)
+# nbconvert's loader of mermaid diagrams, which imports mermaid from a CDN: the book draws none (a diagram stays text)
+MERMAID = re.compile(r'<script type="module">(?:(?!</script>).)*?mermaid\.esm(?:(?!</script>).)*</script>', re.S)
 
 
 def chapters(root: Path) -> list[Path]:
@@ -42,6 +47,20 @@ def chapters(root: Path) -> list[Path]:
     if not found:
         raise FileNotFoundError(f"no notebooks in {root / NOTEBOOKS}: run `python -m labkit book` in a checkout")
     return found
+
+
+def read_notebook(path: Path):
+    """A notebook as nbformat reads it, checked against its schema; a file that is not one names itself."""
+    import nbformat
+    check_regular(path, "the notebook")
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except (ValueError, TypeError, KeyError, AttributeError, OSError, nbformat.ValidationError) as e:
+        reason = getattr(e, "message", None) or str(e)
+        raise ValueError(f"{path} is not a notebook the book can read ({reason.splitlines()[0][:160]}): restore "
+                         f"it (git checkout -- {path.parent.name}/{path.name}) or fix it in JupyterLab") from None
+    return nb
 
 
 def title_of(nb) -> str:
@@ -67,6 +86,7 @@ def offline(nb):
 def page(body: str, names: list[str], titles: list[str], i: int, data_link: str) -> str:
     """nbconvert's page with the book's navigation, links between chapters made .html, and no remote scripts."""
     body = re.sub(r'<script[^>]*src="[^"]*require[^"]*"[^>]*>\s*</script>', "", body)    # only widgets use it
+    body = MERMAID.sub("", body)
     body = re.sub(r'href="(?:\./)?(\d\d_[\w-]+)\.ipynb', r'href="\1.html', body)
     body = body.replace('href="../data/', f'href="{data_link}/')
     prev = f'<a href="{names[i - 1]}.html">← {_html.escape(titles[i - 1])}</a>' if i > 0 else ""
@@ -128,14 +148,13 @@ def copy_mathjax(out: Path) -> None:
 def build_book(root: Path, out: Path | None = None) -> list[Path]:
     """Write the book under `out` (default: root/build/book); return its pages: the index, the chapters, the
     glossary."""
-    import nbformat
     from nbconvert import HTMLExporter
     from tqdm.auto import tqdm
-    out = (root / OUT) if out is None else out
+    files = chapters(root)
+    nbs = [read_notebook(f) for f in files]               # every notebook read and checked before anything is written
+    out = (root / OUT) if out is None else writable_dir(out, "--out")
     out.mkdir(parents=True, exist_ok=True)
     copy_mathjax(out)
-    files = chapters(root)
-    nbs = [nbformat.read(f, as_version=4) for f in files]
     names, titles = [f.stem for f in files], [title_of(nb) for nb in nbs]
     exporter = HTMLExporter(template_name="lab", mathjax_url=MATHJAX)
     data_link = Path(os.path.relpath(root / "data", out)).as_posix()

@@ -137,7 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-seq-len", type=int, default=4096, help="context to allocate the KV cache for")
     g.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of coloured text")
-    sub.add_parser("models", help="list the embedded model presets and whether they are on disk")
+    ms = sub.add_parser("models", help="list the embedded model presets and whether they are on disk")
+    ms.add_argument("--calibration", action="store_true",
+                    help="show the forward paths this machine chose (the calibration cache) and their timings")
+    ms.add_argument("--recalibrate", action="store_true",
+                    help="time the forward paths of every cached choice of this machine again (on a quiet machine)")
     sub.add_parser("methods", help="list every method `generate --method` and `bench --methods` run")
     t = sub.add_parser("train", help="train a drafter (the target's answers, features, heads, multi-token models); "
                                      "`train WHAT --help` for its options")
@@ -183,7 +187,8 @@ def add_verify_cost_parser(sub) -> None:
 def add_bench_parser(sub) -> None:
     from .bench.methods import METHODS
     b = sub.add_parser("bench", help="Spec-Bench-style run of every method on a question file (resumable)")
-    b.add_argument("--questions", required=True, help="Spec-Bench jsonl: question_id, category, turns")
+    b.add_argument("--questions", default=None,
+                   help="Spec-Bench jsonl: question_id, category, turns (--report-only: checked against the run's)")
     b.add_argument("--methods", default=None, help=f"comma-separated, from: {','.join(METHODS)} (default: all that "
                    "run on the target; medusa and eagle-* need the embedded target their heads were trained on)")
     b.add_argument("--categories", default=None, help="comma-separated categories to run (default: all)")
@@ -204,6 +209,16 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--note", default="", help="a sentence for the report's header (what else ran, say)")
     b.add_argument("--report-only", action="store_true",
                    help="write the report of the latest run in --out from what is finished; run nothing")
+    b.add_argument("--report-out", default=None, metavar="DIR",
+                   help="with --report-only: write the report here instead of into --out")
+    existing = b.add_mutually_exclusive_group()
+    existing.add_argument("--append", action="store_true",
+                          help="where --out holds a run with other settings, add this run beside it (the report "
+                               "shows this run); without it such an --out is refused")
+    existing.add_argument("--force", action="store_true",
+                          help="where --out holds a run with other settings, delete its results and start afresh")
+    b.add_argument("--skip-damaged", action="store_true",
+                   help="with --report-only: leave out damaged lines of results.jsonl instead of stopping at the first")
 
 
 
@@ -408,11 +423,40 @@ def cmd_methods(a) -> int:
 
 def cmd_models(a) -> int:
     from .models.hub import PRESETS, status
+    if a.calibration or a.recalibrate:
+        return show_calibration(a.recalibrate)
     for name, spec in PRESETS.items():
         state, _, problem = status(name).partition(": ")
         print(f"{name:32s} {state:12s} {spec.hf_id}")
         if problem:
             print(f"    {state}: {problem}: `python -m labkit fetch {name}` checks and repairs it")
+    return 0
+
+
+def show_calibration(again: bool) -> int:
+    """models --calibration / --recalibrate: each cached choice with the times it was made from."""
+    from .models import calibrate
+    if again:
+        if not (remeasured := calibrate.recalibrate()):
+            print("no cached choice of this machine to measure again: the first load of a model times its paths")
+        for choice in remeasured:
+            print(f"measured again: {calibrate.describe(choice)}")
+        print()
+    choices = calibrate.cached_choices()
+    here = calibrate.machine()
+    print(f"calibration cache: {calibrate.cache_file()} ({len(choices)} entries, "
+          f"{sum(c.machine == here for c in choices.values())} of this machine)")
+    for key, c in choices.items():
+        shape = key.split("|")[-2] if key.count("|") >= 2 else "?"
+        others = "not read" if c.others_cpu is None else f"{c.others_cpu:.2f} cores"
+        print(f"\n{c.precision} {shape}: the {c.path} path" + ("" if c.machine == here else " (another machine)"))
+        print(f"    {c.machine.get('cpu')} [{calibrate.isa_label(c.machine)}], {c.machine.get('threads')} threads, "
+              f"torch {c.machine.get('torch')}; {c.measured_at}, other processes {others}, {c.rounds} round(s)")
+        beaten = calibrate.dominated(c.times)
+        for path, t in c.times.items():
+            mark = "  <- chosen" if path == c.path else "  (beaten at every size)" if path in beaten else ""
+            print(f"    {path:11s} " + "  ".join(f"t({T}) {t[T] * 1e3:7.1f} ms" for T in t) +
+                  f"  t(8)/t(1) {t['8'] / t['1']:.2f}{mark}")
     return 0
 
 
@@ -428,9 +472,15 @@ def cmd_fetch(a) -> int:
 
 
 def cmd_bench(a) -> int:
-    from pathlib import Path
-
     from .bench import BenchConfig, run_bench, write_report
+    if a.report_only:
+        return bench_report(a)
+    if a.questions is None:
+        raise ValueError("--questions is needed to run the benchmark: a Spec-Bench jsonl, such as "
+                         "data/questions/labkit_bench.jsonl (or --report-only to write the report of a finished run)")
+    if a.report_out is not None or a.skip_damaged:
+        raise ValueError("--report-out and --skip-damaged go with --report-only (a run writes its report into --out "
+                         "and refuses damaged results)")
 
     def split(s):
         return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
@@ -439,13 +489,36 @@ def cmd_bench(a) -> int:
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit,
                          a.backend, a.device, a.draft_precision, resolve_window(a.draft_window, a.device, a.loop),
                          a.loop, a.layer_skip_tokens, a.repeats, resolve_vocab(a.draft_vocab, a.device, a.loop))
+    existing = "append" if a.append else "replace" if a.force else "refuse"
     try:
-        results = Path(a.out) / "results.jsonl" if a.report_only else run_bench(config)
+        results = run_bench(config, existing=existing)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished questions are kept in {a.out}; rerun the same command to go on",
               file=sys.stderr)
         return 130
-    for path in write_report(results, None if a.report_only else config.run_key, a.note):
+    for path in write_report(results, config.run_key, a.note):
+        print(path)
+    return 0
+
+
+def bench_report(a) -> int:
+    """bench --report-only: the report of the latest run in --out (into --report-out where given); --questions, where
+    given, must be the run's."""
+    from .bench import write_report
+    from .bench.questions import read_questions
+    from .bench.runner import RESULTS, latest_meta, question_set
+    results = Path(a.out) / RESULTS
+    if not results.is_file():
+        raise ValueError(f"--out {a.out} holds no benchmark run ({results} is not there): run `python -m labkit "
+                         "bench` first, or point --out at a benchmark's folder")
+    meta = latest_meta(results, a.skip_damaged)
+    if a.questions is not None and meta is not None:
+        asked = question_set(a.questions, read_questions(a.questions, meta.get("categories"), meta.get("limit")))
+        there = meta.get("question_set") or {"file": Path(str(meta.get("questions", ""))).name}
+        if asked["file"] != there["file"] or there.get("sha", asked["sha"]) != asked["sha"]:
+            raise ValueError(f"--questions {a.questions} is not the question set of the run in --out {a.out} "
+                             f"({there['file']}): drop --questions, or give that run's file")
+    for path in write_report(results, None, a.note, out=a.report_out, skip_damaged=a.skip_damaged):
         print(path)
     return 0
 

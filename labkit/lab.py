@@ -70,9 +70,22 @@ def lab_settings(ip: str | None, port: int | None, remote: bool) -> tuple[str, i
             port = int(env.get("LAB_PORT") or DEFAULT_PORT)
         except ValueError:
             raise ValueError(f"LAB_PORT must be a port number (1..65535), got {env['LAB_PORT']!r}") from None
-    remote = remote or env.get("LAB_REMOTE", "") not in ("", "0")
+    remote = remote or remote_setting(env.get("LAB_REMOTE", ""))
     check_address(ip, remote)
     return ip, port, remote
+
+
+YES, NO = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def remote_setting(value: str) -> bool:
+    """LAB_REMOTE: 1 / true / yes / on allow an address other machines reach; empty, 0 / false / no / off do not;
+    anything else is refused (a typo must not open the lab to the network)."""
+    word = value.strip().lower()
+    if word not in YES + NO:
+        raise ValueError(f"LAB_REMOTE must be 1 (or true, yes, on) to serve other machines, or 0 (false, no, off), got "
+                         f"{value!r}")
+    return word in YES
 
 
 def check_address(ip: str, remote: bool) -> None:

@@ -2,6 +2,7 @@
 command line), before any model loads; never a traceback, a hang or a silently wrong result."""
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -35,6 +36,29 @@ def files(tmp_path_factory):
     for name, qid in (("null-id", None), ("object-id", {"a": 1})):
         (d / f"{name}.jsonl").write_text(json.dumps({"question_id": qid, "category": "c", "turns": ["hi"]}) + "\n")
     save_tiny_checkpoint(d / "other-vocab", "qwen2", vocab_size=100, seed=1)
+    save_tiny_checkpoint(d / "no-vocab-size", "qwen2", seed=2)
+    config = json.loads((d / "no-vocab-size" / "config.json").read_text())
+    del config["vocab_size"]
+    (d / "no-vocab-size" / "config.json").write_text(json.dumps(config))
+    os.mkfifo(d / "fifo")
+    meta = {"max_new_tokens": 64, "methods": ["ar", "lookup"], "questions": "questions.jsonl", "categories": None,
+            "limit": None, "target": str(d / "target"), "question_set": {"file": "questions.jsonl", "n": 1,
+                                                                         "sha": "0123456789ab"}}
+    record = {"run": "r1", "question_id": "q1", "question_sha": "s", "category": "coding", "method": "ar",
+              "reference": "ar", "exact": True, "new_tokens": 1, "seconds": 0.5, "tokens": [3], "target_forwards": 1,
+              "draft_time": None, "verify_time": 0.4, "steps": None}
+    for name, lines in (("committed", [{"run": "r1", "meta": meta}, record]),
+                        ("nan-seconds", [{"run": "r1", "meta": meta}, {**record, "seconds": "NaN"}]),
+                        ("negative-seconds", [{"run": "r1", "meta": meta}, {**record, "seconds": -5}])):
+        (d / name).mkdir()
+        (d / name / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (d / "damaged-middle").mkdir()
+    (d / "damaged-middle" / "results.jsonl").write_text(json.dumps({"run": "r1", "meta": meta}) + "\n{\"run\": \"r1\", "
+                                                        "\"quest\n" + json.dumps(record) + "\n")
+    (d / "damaged-meta").mkdir()
+    (d / "damaged-meta" / "results.jsonl").write_text('{"run": "r1", "me\n' + json.dumps(record) + "\n")
+    (d / "other-questions.jsonl").write_text(json.dumps({"question_id": "q9", "category": "qa",
+                                                         "turns": ["Why?"]}) + "\n")
     return d
 
 
@@ -117,6 +141,22 @@ def bad_argv(d):
         (bench[:2] + ["/dev/null"] + bench[3:], "is not a regular file"),
         (["verify-cost", "--paths", ""], "--paths names no path"),
         (["verify-cost", "--model", str(d / "target"), "--out", str(d / "a-file")], "is a file: give a directory"),
+        (gen0 + ["--prompt-file", str(d / "fifo")], "is a named pipe, which would wait for a writer"),
+        (bench[:2] + [str(d / "fifo")] + bench[3:], "fifo is not a regular file: pass --questions"),
+        (["generate", "--target", str(d / "no-vocab-size"), "--prompt", "hi"], "has no usable vocab_size"),
+        (gen + ["--draft", str(d / "no-vocab-size")], "has no usable vocab_size"),
+        (bench[:-1] + [str(d / "committed"), "--max-new-tokens", "4", "--limit", "1"],
+         "holds a run with other settings (max_new_tokens 64 there, 4 here; methods ar,lookup there"),
+        (["bench", "--report-only", "--out", str(d / "committed"), "--questions", str(d / "other-questions.jsonl")],
+         "is not the question set of the run in --out"),
+        (["bench", "--report-only", "--out", str(d / "nan-seconds")], 'results.jsonl:2 has seconds = "NaN"'),
+        (["bench", "--report-only", "--out", str(d / "negative-seconds")], "results.jsonl:2 has seconds = -5"),
+        (["bench", "--report-only", "--out", str(d / "damaged-middle")], "results.jsonl:2 is damaged (not JSON"),
+        (["bench", "--report-only", "--out", str(d / "damaged-meta")], "results.jsonl:1 is damaged (not JSON"),
+        (bench + ["--report-out", str(d / "elsewhere")], "--report-out and --skip-damaged go with --report-only"),
+        (bench + ["--append", "--force"], "not allowed with argument"),
+        (["bench", "--out", str(d / "committed")], "--questions is needed to run the benchmark"),
+        (["book", "--out", str(d / "a-file")], "is a file: give a directory"),
     ] + ([] if "amx_bf16" in cpu_flags() else [
         (gen + ["--backend", "packed-amx"], "the packed-amx path needs a CPU with AMX"),
         (bench + ["--backend", "packed-amx"], "the packed-amx path needs a CPU with AMX"),
@@ -140,6 +180,98 @@ def test_every_bad_argument_is_one_clear_line(files, capsys, monkeypatch):
         assert code == 2, (argv, code, err)
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
         assert out == "", (argv, out)
+
+
+def bad_env(d):
+    """(environment, argv, what the one line must say): settings read from the environment."""
+    return [
+        ({"LAB_REMOTE": "no", "LAB_IP": "0.0.0.0"}, ["lab", "--port", "8890"], "lets other machines reach the lab"),
+        ({"LAB_REMOTE": "false", "LAB_IP": "0.0.0.0"}, ["lab", "--port", "8890"], "lets other machines reach the lab"),
+        ({"LAB_REMOTE": "off", "LAB_IP": "::"}, ["lab", "--port", "8890"], "lets other machines reach the lab"),
+        ({"LAB_REMOTE": "maybe", "LAB_IP": "0.0.0.0"}, ["lab", "--port", "8890"], "LAB_REMOTE must be 1"),
+        ({"LABKIT_CACHE": str(d / "a-file")}, ["models"], "is not a folder: point LABKIT_CACHE at a folder"),
+        ({"LABKIT_CACHE": str(d / "a-file")}, ["models", "--calibration"], "is not a folder"),
+    ]
+
+
+def test_every_bad_setting_in_the_environment_is_one_clear_line(files, capsys, monkeypatch):
+    for env, argv, message in bad_env(files):
+        with monkeypatch.context() as m:
+            for name in ("LAB_IP", "LAB_PORT", "LAB_REMOTE"):
+                m.delenv(name, raising=False)
+            for name, value in env.items():
+                m.setenv(name, value)
+            code = main(argv)
+        out, err = capsys.readouterr()
+        assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err, (env, argv, err)
+        assert out == "", (env, argv, out)
+
+
+def test_lab_remote_words():
+    from labkit.lab import remote_setting
+    assert [remote_setting(w) for w in ("1", "true", "Yes", " on ")] == [True] * 4
+    assert [remote_setting(w) for w in ("", "0", "False", "no", "OFF")] == [False] * 5
+    for word in ("2", "y", "nope", "0.0.0.0"):
+        with pytest.raises(ValueError, match="LAB_REMOTE must be 1"):
+            remote_setting(word)
+
+
+def test_a_finished_decoder_refuses_to_step():
+    """run() stops at max_new_tokens; a step() after it is refused, and run() again returns the same tokens."""
+    from labkit.decoding.autoregressive import AutoregressiveDecoder
+    from labkit.decoding.batched import BatchedAutoregressiveDecoder
+    from labkit.decoding.speculative import SpeculativeDecoder
+    from labkit.decoding.tree import TreeDecoder
+    model, prompt = tiny_model(), torch.tensor([1, 2, 3])
+    draft = tiny_model(seed=1)
+    decoders = [AutoregressiveDecoder(model, prompt, 3), SpeculativeDecoder(model, DraftModelDrafter(draft), prompt, 3),
+                TreeDecoder(model, DraftModelDrafter(draft), prompt, 3)]
+    for dec in decoders:
+        first = dec.run().tokens
+        assert len(first) == 3
+        with pytest.raises(RuntimeError, match=r"this decoder has finished \(max_new_tokens, 3 new tokens\)"):
+            dec.step()
+        assert dec.run().tokens == first, type(dec).__name__
+    batch = BatchedAutoregressiveDecoder(model, [prompt, prompt[:2]], 2)
+    batch.run()
+    with pytest.raises(RuntimeError, match="this decoder has finished"):
+        batch.step()
+
+
+def test_the_book_names_a_notebook_it_cannot_read_and_writes_nothing(tmp_path):
+    from labkit.book import build_book
+    (tmp_path / "notebooks").mkdir()
+    good = json.dumps({"cells": [{"cell_type": "markdown", "id": "a1", "metadata": {}, "source": "# 00 · A"}],
+                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    (tmp_path / "notebooks" / "00_a.ipynb").write_text(good)
+    for text, message in (('{"cells": ', "01_b.ipynb is not a notebook the book can read"),
+                          ('{"cells": 3}', "01_b.ipynb is not a notebook the book can read"),
+                          (good[:-1] + ', "bogus": 1}', r"01_b.ipynb is not a notebook .*'bogus' was unexpected")):
+        (tmp_path / "notebooks" / "01_b.ipynb").write_text(text)
+        with pytest.raises(ValueError, match=message):
+            build_book(tmp_path, tmp_path / "book")
+        assert not (tmp_path / "book").exists(), "nothing written before every notebook is read"
+    (tmp_path / "notebooks" / "01_b.ipynb").unlink()
+    os.mkfifo(tmp_path / "notebooks" / "01_b.ipynb")
+    with pytest.raises(ValueError, match="is a named pipe"):
+        build_book(tmp_path, tmp_path / "book")
+
+
+def test_the_book_imports_nothing_from_the_network(tmp_path):
+    """nbconvert's page loads mermaid from a CDN where a notebook draws a diagram: the book's pages never do."""
+    from labkit.book import REMOTE, build_book
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "glossary.md").write_text("# Glossary\n")
+    diagram = "# 00 · A\n\n```mermaid\ngraph LR; a-->b\n```"
+    cells = [{"cell_type": "markdown", "id": "a1", "metadata": {}, "source": diagram}]
+    (tmp_path / "notebooks" / "00_a.ipynb").write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                                                   "nbformat_minor": 5}))
+    pages = build_book(tmp_path, tmp_path / "book")
+    for page in pages:
+        html = page.read_text()
+        assert "cdnjs" not in html and not REMOTE.findall(html), page.name
+    assert REMOTE.findall('<script>await import("https://cdn.example/x.mjs")</script>'), "the check sees an import"
 
 
 def test_temperatures_that_cannot_be_sampled_are_refused():

@@ -22,7 +22,13 @@ def shipped(*parts: str, must_exist: bool = True) -> Path:
 
 
 def cache_dir() -> Path:
-    """$LABKIT_CACHE, else $XDG_CACHE_HOME/labkit, else ~/.cache/labkit."""
+    """$LABKIT_CACHE, else $XDG_CACHE_HOME/labkit, else ~/.cache/labkit; a folder (made when first written)."""
     if os.environ.get("LABKIT_CACHE"):
-        return Path(os.environ["LABKIT_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "labkit"
+        path, what = Path(os.environ["LABKIT_CACHE"]).expanduser(), "LABKIT_CACHE"
+    else:
+        path, what = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "labkit", \
+            "labkit's cache"
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} {path} is not a folder: point LABKIT_CACHE at a folder (the converted models, "
+                         "compiled kernels and calibration are kept there), or move that file away")
+    return path

@@ -7,18 +7,27 @@ from pathlib import Path
 MAX_BYTES = 64 << 20          # far more than any prompt or question set; /dev/zero would otherwise never end
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of `path` (a leading byte-order mark dropped); `what` names the argument it came from."""
-    path = Path(path)
+def check_regular(path: Path, what: str) -> None:
+    """Refuse what is not a file to read: a directory, a named pipe (reading one blocks until a writer comes) or a
+    socket. A character device (/dev/zero, say) is read up to the size limit."""
     if path.is_dir():
         raise ValueError(f"{what} {path} is a directory: give a text file")
-    if path.exists() and not path.is_file() and not path.is_char_device() and not path.is_fifo():
+    if path.is_fifo():
+        raise ValueError(f"{what} {path} is a named pipe, which would wait for a writer: give a regular file"
+                         + (" (or --prompt-file - to read standard input)" if what == "--prompt-file" else ""))
+    if path.exists() and not path.is_file() and not path.is_char_device():
         raise ValueError(f"{what} {path} is not a regular file: give a text file")
+
+
+def read_text(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> str:
+    """The UTF-8 text of `path` (a leading byte-order mark dropped); `what` names the argument it came from."""
+    path = Path(path)
+    check_regular(path, what)
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
-        if len(data) > MAX_BYTES:
-            raise ValueError(f"{what} {path} holds more than {MAX_BYTES >> 20} MiB: give a text file of a prompt "
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise ValueError(f"{what} {path} holds more than {max_bytes >> 20} MiB: give a text file of a prompt "
                              "or of questions")
         return data.decode("utf-8-sig")
     except FileNotFoundError:

@@ -113,11 +113,16 @@ def finished(new_tokens: list[int], eos: set[int], max_new_tokens: int) -> bool:
     return len(new_tokens) >= max_new_tokens or any(t in eos for t in new_tokens)
 
 
+def finished_message(stop_reason: str, n_generated: int) -> str:
+    return (f"this decoder has finished ({stop_reason}, {n_generated} new tokens): its run() returns them; for more "
+            "tokens start a new decoder with a larger max_new_tokens, or on the prompt plus these tokens")
+
+
 class Decoder:
     """One sequence being decoded: committed tokens, the target's cache, a trace, and stepping to the end.
 
     A subclass sets up `prompt`, `tokens`, `cache`, `trace`, `eos` and `max_new_tokens` in its
-    constructor (`begin` does the shared part) and implements `step()`, which ends with `_record`.
+    constructor (`begin` does the shared part) and implements `_step()`, which ends with `_record`.
     """
     prompt: torch.Tensor
     tokens: list[int]
@@ -139,6 +144,12 @@ class Decoder:
         return self.trace.stop_reason != ""
 
     def step(self) -> Step:
+        """One target forward that commits one or more tokens; a decoder that has finished refuses."""
+        if self.done:
+            raise RuntimeError(finished_message(self.trace.stop_reason, self.trace.n_generated))
+        return self._step()
+
+    def _step(self) -> Step:
         raise NotImplementedError
 
     def run(self) -> Generation:

@@ -32,13 +32,23 @@ from ..core.trace import Step, Trace
 from ..drafters.base import Drafter
 from ..models.ragged_cache import RaggedCache, left_pad, unpad
 from ..models.target import Target
-from .base import Generation, check_drafter, check_eos, check_request, check_sampling, cut, finished, seeded
+from .base import (
+    Generation,
+    check_drafter,
+    check_eos,
+    check_request,
+    check_sampling,
+    cut,
+    finished,
+    finished_message,
+    seeded,
+)
 
 
 class BatchDecoder:
     """B rows decoded together: the batch's `Decoder`. It keeps prompts, new tokens and a trace per row and the
     shared clock; each `step()` is one target forward for every live row, and `run()` steps until every row is
-    done and returns one `Generation` per row. A subclass sets up its caches and implements `step()`."""
+    done and returns one `Generation` per row. A subclass sets up its caches and implements `_step()`."""
 
     def begin(self, target: Target, prompts: list[torch.Tensor], max_new_tokens: int, method: str,
               eos_token_ids: tuple[int, ...], seed: int | None, clock, sampling: SamplingConfig) -> None:
@@ -58,6 +68,12 @@ class BatchDecoder:
         return not any(self.live)
 
     def step(self) -> None:
+        """One forward for every live row; a batch whose rows have all finished refuses."""
+        if self.done:
+            raise RuntimeError(finished_message("every row", sum(map(len, self.new))))
+        self._step()
+
+    def _step(self) -> None:
         raise NotImplementedError
 
     def run(self) -> list[Generation]:
@@ -104,7 +120,7 @@ class BatchedAutoregressiveDecoder(BatchDecoder):
         self.prefill_time, self.verify_time = clock() - self.t0, 0.0
 
     @torch.no_grad()
-    def step(self) -> None:
+    def _step(self) -> None:
         """Each live row takes its next token from the last forward; then one forward feeds them all."""
         token = next_token(self.logits, self.sampling, self.generator)                  # (B,)
         for b, live in enumerate(self.live):
@@ -176,7 +192,7 @@ class BatchedSpeculativeDecoder(BatchDecoder):
         self.target, self.drafter, self.gamma = target, drafter, gamma
 
     @torch.no_grad()
-    def step(self) -> None:
+    def _step(self) -> None:
         """propose -> verify -> accept -> commit, for every live row at once."""
         drafter, sampling, cache, clock, live = self.drafter, self.sampling, self.cache, self.clock, self.live
         B, V = len(self.prompts), self.target.vocab_size

@@ -93,12 +93,15 @@ def check_models(target: str, dtype: str = "bf16", backend: str = "auto", device
     target_dir = on_disk(target)
     if target_dir is not None:
         check_native_dtype(runs_native(_config(target_dir), backend), dtype, device)
+        check_native_config(target_dir, backend)
     if draft is None:
         return
     if draft_precision != "auto":
         check_load_args(check_draft_precision(draft_precision), backend, device)
     check_model_name(draft)
     draft_dir = on_disk(draft)
+    if draft_dir is not None:
+        check_native_config(draft_dir, backend)
     if draft_dir is not None and draft_precision != "auto":
         check_native_dtype(runs_native(_config(draft_dir), backend), draft_precision, device, "draft precision")
     if draft in PRESETS and target in PRESETS and PRESETS[draft].tokenizer != PRESETS[target].tokenizer:
@@ -112,6 +115,20 @@ def check_models(target: str, dtype: str = "bf16", backend: str = "auto", device
                          None if same_files else AutoTokenizer.from_pretrained(draft_dir),
                          target, _config(target_dir).get("vocab_size"),
                          None if same_files else AutoTokenizer.from_pretrained(target_dir))
+
+
+def check_native_config(folder: Path, backend: str) -> None:
+    """A config.json labkit's Transformer would run must give the shape it reads (the keys and their types)."""
+    config = _config(folder)
+    if not config or not runs_native(config, backend):
+        return
+    from .transformer import ModelArgs
+    try:
+        ModelArgs.from_hf_config(config)
+    except NotImplementedError:
+        return                                            # transformers runs it instead (under auto)
+    except ValueError as e:
+        raise ValueError(f"{folder}: {e}") from None
 
 
 def check_model_name(name: str) -> None:

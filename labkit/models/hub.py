@@ -97,8 +97,9 @@ def converted_dir(name: str) -> Path:
 def _provenance(name: str) -> dict | None:
     """The marker of a finished conversion in CONVERT_DTYPE with its file list, else None (none, or
     written by an older labkit: bfloat16 weights, or no record of the files)."""
+    marker = converted_dir(name) / MARKER               # a cache folder that is a file: its error, not "not fetched"
     try:
-        prov = json.loads((converted_dir(name) / MARKER).read_text())
+        prov = json.loads(marker.read_text())
     except (OSError, ValueError):
         return None
     ok = isinstance(prov, dict) and prov.get("dtype") == CONVERT_DTYPE and isinstance(prov.get("files"), dict)

@@ -55,6 +55,10 @@ class ModelArgs:
         if cfg.get("mlp_bias"):
             raise NotImplementedError("native model has no MLP biases; load this model with backend='hf'")
         rope = cfg.get("rope_parameters") or {}
+        if missing := [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                   "intermediate_size") if not isinstance(cfg.get(k), int) or cfg[k] < 1]:
+            raise ValueError(f"the model's config.json has no usable {', '.join(missing)} (a {model_type} config "
+                             "gives each as a positive integer): restore config.json from the model's source")
         return cls(
             vocab_size=cfg["vocab_size"], dim=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"],
             n_heads=cfg["num_attention_heads"],
