@@ -29,7 +29,7 @@ class AutoregressiveDecoder(Decoder):
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
 
     @torch.no_grad()
-    def _step(self) -> Step:
+    def _advance(self) -> Step:
         """sample -> commit -> feed, once."""
         t0 = time.perf_counter()
         token = int(next_token(self.logits, self.sampling, self.generator))

@@ -122,7 +122,7 @@ class Decoder:
     """One sequence being decoded: committed tokens, the target's cache, a trace, and stepping to the end.
 
     A subclass sets up `prompt`, `tokens`, `cache`, `trace`, `eos` and `max_new_tokens` in its
-    constructor (`begin` does the shared part) and implements `_step()`, which ends with `_record`.
+    constructor (`begin` does the shared part) and implements `_advance()`, which ends with `_record`.
     """
     prompt: torch.Tensor
     tokens: list[int]
@@ -147,9 +147,9 @@ class Decoder:
         """One target forward that commits one or more tokens; a decoder that has finished refuses."""
         if self.done:
             raise RuntimeError(finished_message(self.trace.stop_reason, self.trace.n_generated))
-        return self._step()
+        return self._advance()
 
-    def _step(self) -> Step:
+    def _advance(self) -> Step:
         raise NotImplementedError
 
     def run(self) -> Generation:

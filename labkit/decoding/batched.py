@@ -48,7 +48,7 @@ from .base import (
 class BatchDecoder:
     """B rows decoded together: the batch's `Decoder`. It keeps prompts, new tokens and a trace per row and the
     shared clock; each `step()` is one target forward for every live row, and `run()` steps until every row is
-    done and returns one `Generation` per row. A subclass sets up its caches and implements `_step()`."""
+    done and returns one `Generation` per row. A subclass sets up its caches and implements `_advance()`."""
 
     def begin(self, target: Target, prompts: list[torch.Tensor], max_new_tokens: int, method: str,
               eos_token_ids: tuple[int, ...], seed: int | None, clock, sampling: SamplingConfig) -> None:
@@ -71,9 +71,9 @@ class BatchDecoder:
         """One forward for every live row; a batch whose rows have all finished refuses."""
         if self.done:
             raise RuntimeError(finished_message("every row", sum(map(len, self.new))))
-        self._step()
+        self._advance()
 
-    def _step(self) -> None:
+    def _advance(self) -> None:
         raise NotImplementedError
 
     def run(self) -> list[Generation]:
@@ -120,7 +120,7 @@ class BatchedAutoregressiveDecoder(BatchDecoder):
         self.prefill_time, self.verify_time = clock() - self.t0, 0.0
 
     @torch.no_grad()
-    def _step(self) -> None:
+    def _advance(self) -> None:
         """Each live row takes its next token from the last forward; then one forward feeds them all."""
         token = next_token(self.logits, self.sampling, self.generator)                  # (B,)
         for b, live in enumerate(self.live):
@@ -192,7 +192,7 @@ class BatchedSpeculativeDecoder(BatchDecoder):
         self.target, self.drafter, self.gamma = target, drafter, gamma
 
     @torch.no_grad()
-    def _step(self) -> None:
+    def _advance(self) -> None:
         """propose -> verify -> accept -> commit, for every live row at once."""
         drafter, sampling, cache, clock, live = self.drafter, self.sampling, self.cache, self.clock, self.live
         B, V = len(self.prompts), self.target.vocab_size

@@ -377,7 +377,7 @@ class CompiledSpeculativeDecoder(Decoder):
         return self
 
     @torch.no_grad()
-    def _step(self) -> Step:
+    def _advance(self) -> Step:
         """propose -> verify -> accept -> commit, once; the one host sync reads the verdict. Where the policy says
         γ = 0, a run of the plain steps it is sure of instead (`plain_run`)."""
         n_before, trace = len(self.tokens), self.trace

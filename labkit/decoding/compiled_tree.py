@@ -261,7 +261,7 @@ class CompiledTreeDecoder(Decoder):
         return self
 
     @torch.no_grad()
-    def _step(self) -> Step:
+    def _advance(self) -> Step:
         """propose a tree -> verify it -> accept a path -> commit and compact, once; one host sync. Where the budget
         says 0, a run of the plain steps it is sure of instead (`plain_run`)."""
         n_cached, trace = self.cache.length, self.trace

@@ -54,7 +54,7 @@ class SpeculativeDecoder(Decoder):
         self.trace.draft_prefill_time = time.perf_counter() - t1
 
     @torch.no_grad()
-    def _step(self) -> Step:
+    def _advance(self) -> Step:
         """propose -> verify -> accept -> commit, once."""
         n_before, trace = len(self.tokens), self.trace
         asked = self.policy.gamma()

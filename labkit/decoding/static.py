@@ -186,7 +186,7 @@ class StaticDecoder(Decoder):
         return self
 
     @torch.no_grad()
-    def _step(self) -> Step:
+    def _advance(self) -> Step:
         """Up to `read_every` decode steps queued back to back, each fed by the last on the device, then their tokens
         read at once (one host sync); a Step is recorded for each token (its time: the chunk's share), up to EOS."""
         t1 = time.perf_counter()

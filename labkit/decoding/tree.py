@@ -71,7 +71,7 @@ class TreeDecoder(Decoder):
         self.trace.draft_prefill_time = time.perf_counter() - t1
 
     @torch.no_grad()
-    def _step(self) -> Step:
+    def _advance(self) -> Step:
         """propose a tree -> verify it -> accept a path -> commit and compact, once."""
         n_cached = self.cache.length - (self.prefill_root is not None)        # the root's slot
         asked = self.budget.budget()
