@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from functools import partial
 from pathlib import Path
@@ -157,6 +158,25 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("names", nargs="*")
     add_bench_parser(sub)
     add_verify_cost_parser(sub)
+    ex = sub.add_parser("export", help="write a head trained here in a serving engine's format, and print the "
+                                       "engine's command line")
+    ex.add_argument("head", help="the head's directory, or a shipped head's name (data/heads/)")
+    ex.add_argument("--format", required=True, choices=EXPORT_FORMATS,
+                    help="; ".join(f"{k}: {v}" for k, v in EXPORT_FORMATS.items()))
+    ex.add_argument("--out", required=True, help="the directory to write (the engine loads it as it is)")
+    ex.add_argument("--target", default=None,
+                    help="the target the head was trained on (default: the head's own base model, a preset)")
+    ac = sub.add_parser("acceptance", help="a vLLM server's speculative-decoding counters (a saved /metrics page) "
+                                           "in the lab's words: mean acceptance length, per position, α, best γ")
+    ac.add_argument("metrics", help="the saved page: curl http://HOST:8000/metrics > metrics.txt")
+    ac.add_argument("--since", default=None, metavar="EARLIER",
+                    help="an earlier page of the same server: count only what happened between the two")
+    ac.add_argument("--model", default=None, help="the served model's name, where the page counts several")
+    ac.add_argument("--draft-cost", type=float, default=None, metavar="C",
+                    help="one draft step over one target step: adds the speedup calculator's expected speedup at "
+                         "the measured α for γ = 1..8 (flat verify)")
+    ac.add_argument("--plot", default=None, metavar="PNG", help="draw the accept lengths and per-position rates")
+    ac.add_argument("--json", action="store_true", help="one JSON object on stdout")
     bk = sub.add_parser("book", help="the notebooks with their stored outputs as a static site (what `make book` "
                                      "runs): open build/book/index.html, no kernel, no network")
     bk.add_argument("--out", default=None, help="the folder to write (default: build/book in the checkout)")
@@ -322,9 +342,19 @@ def show(a, out, target, draft, prompt, loop: str, settings: dict) -> None:
     s = out.trace.summary()
     print(f"\n[{s['method']}] {s['new_tokens']} tokens in {s['total_time']:.2f}s ({s['tokens_per_second']:.1f} tok/s), "
           f"{s['target_forwards']} target forwards, {s['tokens_per_forward']:.2f} tokens/forward (bonus included), "
-          f"acceptance {s['acceptance_rate']:.2f}, stop: {s['stop_reason']}", file=sys.stderr)
+          f"acceptance {s['acceptance_rate']:.2f}" + _engine_words(s) + f", stop: {s['stop_reason']}",
+          file=sys.stderr)
     print(f"[ran on] {ran['cpu']} ({ran['isa']}), {ran['threads']} threads; target: {ran['target']}"
           + (f"; draft: {ran['draft']}" if draft else "") + f"; {loop}", file=sys.stderr)
+
+
+def _engine_words(summary: dict) -> str:
+    """Mean acceptance length and the per-position acceptance rate, as vLLM, SGLang and llama.cpp report them."""
+    if not summary["acceptance_per_position"]:
+        return ""
+    rates = ", ".join(f"{r:.2f}" for r in summary["acceptance_per_position"][:8])
+    return (f"; mean acceptance length {summary['mean_acceptance_length']:.2f}, "
+            f"per-position acceptance [{rates}{', ...' if len(summary['acceptance_per_position']) > 8 else ''}]")
 
 
 def generate_method(a, text: str) -> int:
@@ -557,6 +587,80 @@ def cmd_verify_cost(a) -> int:
     return 0
 
 
+EXPORT_FORMATS = {"vllm-medusa": "Medusa-1 heads as vLLM's Medusa model (one residual layer per head and the "
+                                  "target's LM head, shared)"}
+
+
+def cmd_export(a) -> int:
+    from .core.shipped import shipped
+    from .export.vllm_medusa import export_vllm_medusa
+    from .models.hub import resolve_model
+    head = Path(a.head)
+    if not head.is_dir() and (shipped("heads", must_exist=False) / a.head).is_dir():
+        head = shipped("heads", must_exist=False) / a.head
+    if not (head / "config.json").is_file():
+        raise ValueError(f"{a.head} is no head directory (config.json + model.safetensors) and no shipped head; the "
+                         f"shipped ones: {', '.join(sorted(p.name for p in shipped('heads').iterdir() if p.is_dir()))}")
+    meta = json.loads((head / "config.json").read_text())
+    if a.format == "vllm-medusa" and (meta.get("kind") is not None or "n_heads" not in meta):
+        raise ValueError(f"{head} holds no Medusa heads: --format vllm-medusa exports labkit's Medusa-1 heads")
+    base = a.target or meta.get("base_model")
+    if not base:
+        raise ValueError(f"{head}/config.json names no base model: give --target")
+    target = resolve_model(base)
+    out = export_vllm_medusa(head, target, a.out)
+    print(f"wrote {out} ({meta['n_heads']} Medusa heads on {base}'s LM head). Serve it with vLLM:")
+    config = json.dumps({"method": "medusa", "model": str(out), "num_speculative_tokens": meta["n_heads"]})
+    print(f"  vllm serve {target} --speculative-config '{config}'")
+    return 0
+
+
+def cmd_acceptance(a) -> int:
+    from .bench.vllm_metrics import read_vllm_metrics
+    if a.draft_cost is not None and not (a.draft_cost >= 0 and math.isfinite(a.draft_cost)):
+        raise ValueError(f"--draft-cost is a ratio of step times, >= 0: got {a.draft_cost}")
+    counts = read_vllm_metrics(a.metrics, a.model, "metrics")
+    if a.since:
+        counts = counts - read_vllm_metrics(a.since, a.model, "--since")
+    if not counts.drafts:
+        raise ValueError(f"{a.metrics} counts no draft" + (" since the earlier page" if a.since else "")
+                         + ": was the server decoding with --speculative-config?")
+    out = {**counts.as_dict(), "gamma": counts.gamma, "draft_acceptance_rate": counts.draft_acceptance_rate,
+           "judged_alpha": counts.judged_alpha}
+    if a.draft_cost is not None:
+        from .viz.calculator import best_gamma, chain_speedup
+        out["expected_speedup"] = {g: chain_speedup(counts.judged_alpha, g, a.draft_cost) for g in range(1, 9)}
+        out["best_gamma"] = best_gamma(counts.judged_alpha, a.draft_cost, max_gamma=8)
+    if a.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from .viz.acceptance import plot_acceptance
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+        plot_acceptance(counts, axes, label=Path(a.metrics).name)
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=120)
+        plt.close(fig)
+    if a.json:
+        print(json.dumps(out))
+        return 0
+    rates = ", ".join(f"{r:.2f}" for r in out["acceptance_per_position"])
+    print(f"{counts.drafts:,} drafts of up to {counts.gamma} tokens: {counts.accepted_tokens:,} of "
+          f"{counts.draft_tokens:,} draft tokens accepted (draft acceptance rate {counts.draft_acceptance_rate:.2f})")
+    print(f"mean acceptance length {counts.mean_acceptance_length:.2f} (the bonus token included); "
+          f"per-position acceptance [{rates}]")
+    model = ", ".join(f"{counts.judged_alpha ** (i + 1):.2f}" for i in range(counts.gamma))
+    print(f"α = {counts.judged_alpha:.2f} (accepted / judged draft tokens); the i.i.d. model's per-position rates "
+          f"at that α: [{model}]")
+    if a.draft_cost is not None:
+        speedups = ", ".join(f"γ={g}: {x:.2f}x" for g, x in out["expected_speedup"].items())
+        print(f"expected speedup at c = {a.draft_cost:g}, flat verify: {speedups}; best γ = {out['best_gamma']}")
+    if a.plot:
+        print(a.plot)
+    return 0
+
+
 def cmd_book(a) -> int:
     from pathlib import Path
 
@@ -587,8 +691,9 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "models": cmd_models, "methods": cmd_methods, "fetch": cmd_fetch,
-                "bench": cmd_bench, "verify-cost": cmd_verify_cost, "lab": cmd_lab, "book": cmd_book, "train": cmd_train,
-                "measure": cmd_measure}[a.command](a)
+                "bench": cmd_bench, "verify-cost": cmd_verify_cost, "lab": cmd_lab, "book": cmd_book,
+                "train": cmd_train, "measure": cmd_measure, "acceptance": cmd_acceptance,
+                "export": cmd_export}[a.command](a)
     except (ValueError, ModelFetchError, NotImplementedError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

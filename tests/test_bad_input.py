@@ -41,6 +41,15 @@ def files(tmp_path_factory):
     del config["vocab_size"]
     (d / "no-vocab-size" / "config.json").write_text(json.dumps(config))
     os.mkfifo(d / "fifo")
+    counter = "vllm:spec_decode_num_{}_total{{engine=\"0\",model_name=\"{}\"{}}} {}\n"
+    page = lambda model, drafts, per_pos: "".join(                                    # noqa: E731
+        [counter.format("drafts", model, "", drafts), counter.format("draft_tokens", model, "", 2 * drafts),
+         counter.format("accepted_tokens", model, "", sum(per_pos.values()))]
+        + [counter.format("accepted_tokens_per_pos", model, f',position="{i}"', n) for i, n in per_pos.items()])
+    (d / "two-models.txt").write_text(page("a", 10, {0: 6, 1: 3}) + page("b", 5, {0: 1, 1: 0}))
+    (d / "later.txt").write_text(page("a", 20, {0: 12, 1: 7}))
+    (d / "skipped-position.txt").write_text(page("a", 10, {0: 6, 2: 3}))
+    (d / "rising-position.txt").write_text(page("a", 10, {0: 3, 1: 6}))
     meta = {"max_new_tokens": 64, "methods": ["ar", "lookup"], "questions": "questions.jsonl", "categories": None,
             "limit": None, "target": str(d / "target"), "question_set": {"file": "questions.jsonl", "n": 1,
                                                                          "sha": "0123456789ab"}}
@@ -157,6 +166,24 @@ def bad_argv(d):
         (bench + ["--append", "--force"], "not allowed with argument"),
         (["bench", "--out", str(d / "committed")], "--questions is needed to run the benchmark"),
         (["book", "--out", str(d / "a-file")], "is a file: give a directory"),
+        (["export", str(d / "nothing-here"), "--format", "vllm-medusa", "--out", str(d / "o")], "is no head directory"),
+        (["export", "eagle3-qwen2.5-coder-1.5b", "--format", "vllm-medusa", "--out", str(d / "o")],
+         "holds no Medusa heads"),
+        (["export", "medusa-qwen2.5-coder-1.5b", "--format", "tensorrt", "--out", str(d / "o")], "invalid choice"),
+        (["export", "medusa-qwen2.5-coder-1.5b", "--format", "vllm-medusa"], "--out"),
+        (["acceptance", str(d / "questions.jsonl")], "is not Prometheus' text format"),
+        (["acceptance", str(d / "empty.txt")], "holds no vllm:spec_decode_num_* counters"),
+        (["acceptance", str(d / "nothing-here.txt")], "does not exist"),
+        (["acceptance", str(d / "fifo")], "is a named pipe"),
+        (["acceptance", str(d)], "is a directory"),
+        (["acceptance", str(d / "two-models.txt")], "counts 2 models (a, b): name one"),
+        (["acceptance", str(d / "two-models.txt"), "--model", "c"], "counts no model 'c'"),
+        (["acceptance", str(d / "two-models.txt"), "--model", "a", "--draft-cost", "-1"], "--draft-cost is a ratio"),
+        (["acceptance", str(d / "two-models.txt"), "--model", "a", "--draft-cost", "nan"], "--draft-cost is a ratio"),
+        (["acceptance", str(d / "two-models.txt"), "--model", "a", "--since", str(d / "later.txt")],
+         "the earlier counts exceed these"),
+        (["acceptance", str(d / "skipped-position.txt")], "the per-position counters skip a position"),
+        (["acceptance", str(d / "rising-position.txt")], "must not rise with the position"),
     ] + ([] if "amx_bf16" in cpu_flags() else [
         (gen + ["--backend", "packed-amx"], "the packed-amx path needs a CPU with AMX"),
         (bench + ["--backend", "packed-amx"], "the packed-amx path needs a CPU with AMX"),

@@ -12,9 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "labkit"
 
-# lowest first: the math, the kernels, model and cache, drafters, decoding loops, training, presentation and
+# lowest first: the math, the kernels, model and cache, drafters, decoding loops, training and export, presentation and
 # hardware, benchmarks, the command line
-LAYERS = [("core",), ("kernels",), ("models",), ("drafters",), ("decoding",), ("training",), ("viz", "hw"), ("bench",),
+LAYERS = [("core",), ("kernels",), ("models",), ("drafters",), ("decoding",), ("training", "export"), ("viz", "hw"), ("bench",),
           ("cli", "lab", "book", "__main__", "__init__")]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

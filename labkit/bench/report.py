@@ -6,6 +6,9 @@ Definitions (the Markdown header repeats them):
 - tokens per target forward: new tokens over target forward passes; each pass commits its
   accepted draft tokens plus one token of the target's (the bonus or correction token).
 - acceptance rate: accepted draft tokens over proposed draft tokens.
+- mean acceptance length, per-position acceptance: as vLLM, SGLang and llama.cpp report them, over the
+  steps that drafted: 1 + accepted draft tokens per such step, and per draft position i the share of
+  those steps that kept their i-th draft token (core/engine_counts.py).
 - draft / verify share: seconds drafting / inside target forwards, over wall seconds.
 - ideal speedup: Leviathan et al.'s improvement factor for the acceptance, γ and step costs
   measured in this run (draft and verify steps in units of the baseline's decode step). Tree
@@ -35,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..core.adaptive import expected_speedup
+from ..core.engine_counts import count_drafts
 from ..core.textfile import writable_dir
 from .methods import BASELINE, METHODS
 from .records import read_results
@@ -65,6 +69,8 @@ class Row:
     paired_speedup: float | None = None            # median over rounds of the round's speedup (None: one round)
     paired_low: float | None = None                # the lowest round's speedup
     paired_high: float | None = None               # the highest round's
+    mean_acceptance_length: float | None = None    # 1 + accepted per drafting step, as vLLM counts (None: no drafts)
+    acceptance_per_position: list[float] | None = None   # [i]: drafting steps that kept draft token i / such steps
 
 
 @dataclass
@@ -255,6 +261,7 @@ def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mi
     proposed = sum(s[0] for s in drafted)
     forwards = sum(r["target_forwards"] for r in rs)
     tree = method in METHODS and METHODS[method].tree
+    counts = count_drafts([(s[0], s[1]) for s in drafted], tree)
     # per question, the baseline's seconds and the ideal speedup; over questions a ratio of sums, as × AR is
     ideals = [(b["seconds"], i) for r, b in zip(rs, base)
               if (i := ideal_speedup(r["steps"], b["steps"] or [], tree)) is not None]
@@ -272,7 +279,9 @@ def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mi
                prefill_share=None if prefill is None else prefill / seconds,
                decode_speedup=decode / base_decode if decode and base_decode else None,
                paired_speedup=paired and paired.median, paired_low=paired and paired.low,
-               paired_high=paired and paired.high)
+               paired_high=paired and paired.high,
+               mean_acceptance_length=counts.mean_acceptance_length if counts.drafts else None,
+               acceptance_per_position=counts.as_dict()["acceptance_per_position"] if counts.drafts else None)
 
 
 def gates(records: list[dict], labels: dict[str, str] | None = None) -> dict[str, dict[str, int]]:
@@ -349,6 +358,23 @@ def _opening_sentence(meta: dict) -> str:
             "prompt's cache" if n else "")
 
 
+def _per_position(rows: list[Row], shown: int = 8) -> list[str]:
+    """The per-position acceptance rate of each drafting method over all questions, as vLLM logs it."""
+    drafting = [r for r in rows if r.category == ALL and r.acceptance_per_position]
+    if not drafting:
+        return []
+    n = min(shown, max(len(r.acceptance_per_position) for r in drafting))
+    cut = any(len(r.acceptance_per_position) > n for r in drafting)
+    cells = lambda rates: [f"{x:.2f}" for x in rates[:n]] + ["–"] * (n - len(rates[:n]))     # noqa: E731
+    return ["", "Per-position acceptance over all questions, as vLLM logs it: for draft position i, the share of the "
+            "steps that drafted whose i-th draft token was accepted (unconditional: it falls as α^i under the "
+            "i.i.d. model; the mean acceptance length is 1 + the sum over every position"
+            + (f"; the first {n} positions" if cut else "") + ").", "",
+            "| method | acc. len | " + " | ".join(f"pos {i + 1}" for i in range(n)) + " |",
+            "|---|---|" + "---|" * n] + [f"| {r.label} | {r.mean_acceptance_length:.2f} | "
+                                         + " | ".join(cells(r.acceptance_per_position)) + " |" for r in drafting]
+
+
 def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str = "") -> str:
     """The Markdown report: settings and definitions, the table, and every output that parts from its reference."""
     lines = [f"# labkit bench: {Path(meta['questions']).name}", "",
@@ -367,7 +393,10 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
              "*× AR* = tok/s over labkit autoregressive's on the same questions; *× own* = tok/s over the plain "
              "decoder of the method's own stack (labkit's, transformers' generate, llama.cpp's); *tok/fwd* = new tokens / target "
              "forward passes (each pass commits its accepted draft tokens plus the target's own bonus or correction "
-             "token); *accept* = accepted / proposed draft tokens; *draft*, *verify* = shares of wall time spent "
+             "token); *accept* = accepted / proposed draft tokens; *acc. len* = mean acceptance length as vLLM, "
+             "SGLang and llama.cpp report it: 1 + accepted draft tokens per step that drafted (the bonus or "
+             "correction token included; steps that drafted nothing are left out, where *tok/fwd* counts them); "
+             "*draft*, *verify* = shares of wall time spent "
              "drafting and in target forwards; *ideal ×* = Leviathan et al.'s speedup for this run's measured "
              "acceptance and step costs (tree methods: new tokens per baseline step's worth of their measured "
              "drafting and verifying; over several questions a ratio of sums, as *× AR*); *= AR* / *= ref* = questions whose output equals labkit autoregressive's / "
@@ -379,16 +408,18 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
                 "the rounds (the lowest and highest round in brackets): a fast or slow minute of the machine moves "
                 "both runs of a round, where it can set *× AR*'s fastest run alone" if meta.get("repeats", 1) > 1
                 else "") + ".", "",
-             "| category | method | n | tok/s | × AR | × AR paired | × AR decode | prefill | × own | tok/fwd | accept "
-             "| draft | verify | ideal × | = AR | = ref |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| category | method | n | tok/s | × AR | × AR paired | × AR decode | prefill | × own | tok/fwd | acc. len "
+             "| accept | draft | verify | ideal × | = AR | = ref |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.category} | {r.label} | {r.questions} | {r.tokens_per_second:.2f} | {r.speedup:.2f} | "
                      f"{_paired(r)} | {_fmt(r.decode_speedup)} | {_fmt(r.prefill_share, '{:.0%}')} | "
                      f"{_fmt(r.speedup_over_reference)} | "
-                     f"{_fmt(r.tokens_per_forward)} | {_fmt(r.acceptance_rate)} | {_fmt(r.draft_share, '{:.0%}')} | "
+                     f"{_fmt(r.tokens_per_forward)} | {_fmt(r.mean_acceptance_length)} | {_fmt(r.acceptance_rate)} | "
+                     f"{_fmt(r.draft_share, '{:.0%}')} | "
                      f"{r.verify_share:.0%} | {_fmt(r.ideal_speedup)} | {r.same_as_baseline}/{r.questions} | "
                      f"{r.same_as_reference}/{r.questions} |")
+    lines += _per_position(rows)
     picks = meta.get("oracle_picks")
     if picks:
         lines += ["", "The oracle row takes, per question, the fastest of labkit's methods (autoregressive included): "

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .engine_counts import DraftCounts, count_drafts
+
 
 @dataclass
 class Step:
@@ -89,6 +91,12 @@ class Trace:
         return sum(s.n_accepted for s in self.steps) / proposed if proposed else float("nan")
 
     @property
+    def draft_counts(self) -> DraftCounts:
+        """The serving engines' acceptance counters over this run (core/engine_counts.py)."""
+        return count_drafts([(s.gamma, s.n_accepted) for s in self.steps],
+                            tree=any(s.parents is not None for s in self.steps))
+
+    @property
     def draft_time(self) -> float:
         return sum(s.draft_time for s in self.steps)
 
@@ -101,8 +109,11 @@ class Trace:
         return self.n_generated / self.total_time if self.total_time else float("nan")
 
     def summary(self) -> dict:
+        counts = self.draft_counts
         return {"method": self.method, "new_tokens": self.n_generated, "target_forwards": self.n_target_forwards,
                 "tokens_per_forward": self.tokens_per_forward, "acceptance_rate": self.acceptance_rate,
+                "mean_acceptance_length": counts.mean_acceptance_length,
+                "acceptance_per_position": counts.as_dict()["acceptance_per_position"],
                 "tokens_per_second": self.tokens_per_second, "total_time": self.total_time,
                 "prefill_time": self.prefill_time, "draft_time": self.draft_time,
                 "verify_time": self.verify_time, "stop_reason": self.stop_reason,

@@ -1,0 +1,1 @@
+"""Heads trained here, written in the formats the serving engines load, and read back from them."""
