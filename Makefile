@@ -55,8 +55,11 @@ lab: venv models
 book: venv
 	$(PY) -m labkit book
 
+# two passes: the tests that may share the machine on two workers, one thread each (tiny models gain nothing from
+# threads), then alone the real models, the notebooks and the tests that bound a measured time (tests/conftest.py)
 test: venv models chromium
-	LABKIT_INTEGRATION=1 $(PY) -m pytest $(PYTEST_NOTEBOOKS)
+	LABKIT_TIER=parallel OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 tests --durations=25
+	LABKIT_TIER=serial LABKIT_INTEGRATION=1 $(PY) -m pytest $(PYTEST_NOTEBOOKS)
 
 # Debian's Chromium for tests/test_browser.py, installed once (as root, or with sudo). Without apt the browser
 # test skips, except in CI (CI=true), where it must run.
@@ -75,7 +78,8 @@ chromium:
 	    fi; }
 
 test-fast: venv
-	$(PY) -m pytest tests
+	LABKIT_TIER=parallel OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 tests
+	LABKIT_TIER=serial $(PY) -m pytest tests
 
 bench: venv models
 	$(PY) -m labkit bench --questions data/questions/labkit_bench.jsonl --out data/bench/labkit_bench

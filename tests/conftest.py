@@ -143,7 +143,25 @@ def require_shipped(path, remedy: str) -> None:
     pytest.fail(f"{path} is missing: {remedy}")
 
 
+TIERS = ("parallel", "serial")
+
+
+def runs_alone(item) -> bool:
+    """Tests that must have the machine to themselves: the real models (integration), the notebooks (their stored
+    prose compares timings measured as they run) and tests marked serial (a timing bound)."""
+    return "integration" in item.keywords or "serial" in item.keywords or item.path.suffix == ".ipynb"
+
+
 def pytest_collection_modifyitems(config, items):
+    """LABKIT_TIER=parallel keeps the tests that may share the machine (make test runs them on two workers),
+    LABKIT_TIER=serial the others; unset, both. The integration tier runs only with LABKIT_INTEGRATION=1."""
+    tier = os.environ.get("LABKIT_TIER", "")
+    if tier and tier not in TIERS:
+        raise pytest.UsageError(f"LABKIT_TIER={tier!r}: use parallel, serial or leave it unset (every test)")
+    if tier:
+        keep = [item for item in items if runs_alone(item) == (tier == "serial")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
     if os.environ.get("LABKIT_INTEGRATION") == "1":
         return
     skip = pytest.mark.skip(reason="integration tier: set LABKIT_INTEGRATION=1 (make test does)")

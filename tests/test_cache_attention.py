@@ -141,7 +141,11 @@ def test_the_compiled_loops_with_the_triton_attention_decode_what_plain_decoding
             out = run(prompt)
             assert out.tokens == tokens, prompt.tolist()
             assert out.trace.n_generated == 24
-    # the kernel is what ran (or was compiled into the step), not torch's: with its merge broken the tokens change
+    # the kernel is what ran (or was traced into the step), not torch's: with its merge broken the tokens change.
+    # Inductor compiles the graph traced-blocks traces (the kernel an opaque op in both), so that check covers it:
+    # a second inductor build would only spend a minute compiling the same graph again
+    if compile == "inductor":
+        return
     monkeypatch.setattr(ca, "merge_splits", lambda acc, m, l_sum, dtype: (acc.sum(-2) / 2).to(dtype))
     for run in decoders(model, COMPILES[compile]):
         assert run(PROMPTS[0]).tokens != want[0]

@@ -12,6 +12,7 @@ from labkit.models import calibrate
 from labkit.models.calibrate import choose_path, pick
 from labkit.models.transformer import ModelArgs
 
+pytestmark = pytest.mark.serial          # reads the machine's load and times forward paths: alone, never beside a worker
 SMALL = ModelArgs(vocab_size=512, dim=256, n_layers=4, n_heads=4, n_kv_heads=2, hidden_dim=512, max_seq_len=512)
 
 

@@ -88,6 +88,7 @@ def test_layer_skip_drafts_are_accepted_and_batch(deep):
     assert [g.tokens for g in rows] == [autoregressive_generate(deep, p, 16).tokens for p in PROMPTS]
 
 
+@pytest.mark.serial                 # asserts a bound on measured time
 def test_search_skips_the_layer_that_keeps_agreement_highest(deep):
     ids = torch.randint(0, 96, (48,), generator=torch.Generator().manual_seed(0))
     search = search_skip_layers(deep, ids, max_skip=2, gammas=(1, 3), repeats=1, progress=False)

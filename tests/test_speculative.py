@@ -201,6 +201,7 @@ def test_cost_aware_gamma_drafts_long_when_verify_is_flat_and_drafts_are_good():
     assert policy.tokens_per_second(policy.gamma()) > 2 * policy.tokens_per_second(0)
 
 
+@pytest.mark.serial                 # asserts a bound on measured time
 def test_cost_aware_gamma_takes_plain_steps_for_a_wrong_draft_and_drafts_again_once_it_is_right(tiny_target):
     """Chains through the real loop: an (at no cost) always-wrong draft gets plain steps, and the same draft
     right after 40 tokens gets drafting back; the output is plain decoding's either way."""

@@ -169,7 +169,10 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        weight = torch.empty(args.vocab_size, args.dim)      # on the default device: "meta" when a checkpoint fills it
+        if weight.device.type != "meta":                     # nn.Embedding's own init; on meta torch spends seconds
+            nn.init.normal_(weight)                          # drawing a (V, D) normal it then throws away
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim, _weight=weight)
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)

@@ -180,9 +180,13 @@ at::Tensor pack_linear(at::Tensor w) {
     padded = at::zeros({n_blocks * lk::NBW, K}, w.options());
     padded.narrow(0, 0, N).copy_(w);
   }
-  at::Tensor blocks = w.scalar_type() == at::kBFloat16 && lk::HAVE_BF16_DOT && K % 2 == 0
-      ? padded.view({n_blocks, lk::NBW, K / 2, 2}).permute({0, 2, 1, 3})   // [Nb][K/2][NBW][2]
-      : padded.view({n_blocks, lk::NBW, K}).transpose(1, 2);               // [Nb][K][NBW]
+  if (w.scalar_type() == at::kBFloat16 && lk::HAVE_BF16_DOT && K % 2 == 0) {  // [Nb][K/2][NBW][2]
+    // a k pair of bf16 is one 4-byte word: a transpose of words copies twice as fast as a permute of pairs
+    at::Tensor out = empty_on_huge_pages({n_blocks, K / 2, lk::NBW, 2}, at::kBFloat16);
+    out.view(at::kInt).squeeze(-1).copy_(padded.view(at::kInt).view({n_blocks, lk::NBW, K / 2}).transpose(1, 2));
+    return out;
+  }
+  at::Tensor blocks = padded.view({n_blocks, lk::NBW, K}).transpose(1, 2);  // [Nb][K][NBW]
   return empty_on_huge_pages(blocks.sizes(), w.scalar_type()).copy_(blocks);
 }
 
