@@ -593,7 +593,7 @@ EXPORT_FORMATS = {"vllm-medusa": "Medusa-1 heads as vLLM's Medusa model (one res
 
 def cmd_export(a) -> int:
     from .core.shipped import shipped
-    from .export.vllm_medusa import export_vllm_medusa
+    from .export.vllm_medusa import export_vllm_medusa, medusa_config
     from .models.hub import resolve_model
     head = Path(a.head)
     if not head.is_dir() and (shipped("heads", must_exist=False) / a.head).is_dir():
@@ -601,9 +601,7 @@ def cmd_export(a) -> int:
     if not (head / "config.json").is_file():
         raise ValueError(f"{a.head} is no head directory (config.json + model.safetensors) and no shipped head; the "
                          f"shipped ones: {', '.join(sorted(p.name for p in shipped('heads').iterdir() if p.is_dir()))}")
-    meta = json.loads((head / "config.json").read_text())
-    if a.format == "vllm-medusa" and (meta.get("kind") is not None or "n_heads" not in meta):
-        raise ValueError(f"{head} holds no Medusa heads: --format vllm-medusa exports labkit's Medusa-1 heads")
+    meta = medusa_config(head)                 # before the target is fetched for a head it cannot export
     base = a.target or meta.get("base_model")
     if not base:
         raise ValueError(f"{head}/config.json names no base model: give --target")

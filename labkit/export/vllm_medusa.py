@@ -36,19 +36,25 @@ def target_lm_head(target_dir: str | Path) -> torch.Tensor:
                      "directory of the target the heads were trained on")
 
 
+def medusa_config(heads_dir: Path) -> dict:
+    """The config.json of labkit's Medusa heads in `heads_dir` (save_medusa's); any other directory refused."""
+    if not (heads_dir / CONFIG).is_file() or not (heads_dir / WEIGHTS).is_file():
+        raise ValueError(f"{heads_dir} has no {CONFIG} + {WEIGHTS}: give a directory written by labkit's "
+                         "save_medusa (the shipped heads: data/heads/medusa-qwen2.5-coder-1.5b)")
+    meta = json.loads((heads_dir / CONFIG).read_text())
+    if meta.get("kind") is not None or "n_heads" not in meta:
+        raise ValueError(f"{heads_dir} holds no Medusa heads ({meta.get('kind', 'no')} heads): vllm-medusa exports "
+                         "labkit's Medusa-1 heads")
+    return meta
+
+
 def export_vllm_medusa(heads_dir: str | Path, target_dir: str | Path, out: str | Path,
                        dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write the heads saved in `heads_dir` (labkit's save_medusa) with the LM head of the target in `target_dir`
     as a vLLM Medusa directory `out`."""
     from safetensors.torch import load_file, save_file
     heads_dir = Path(heads_dir)
-    if not (heads_dir / CONFIG).is_file() or not (heads_dir / WEIGHTS).is_file():
-        raise ValueError(f"{heads_dir} has no {CONFIG} + {WEIGHTS}: give a directory written by labkit's "
-                         "save_medusa (the shipped heads: data/heads/medusa-qwen2.5-coder-1.5b)")
-    meta = json.loads((heads_dir / CONFIG).read_text())
-    if meta.get("kind") is not None or "n_heads" not in meta:
-        raise ValueError(f"{heads_dir} holds {meta.get('kind', 'no')} heads, not Medusa's: vllm-medusa exports "
-                         "labkit's Medusa-1 heads")
+    meta = medusa_config(heads_dir)
     lm_head = target_lm_head(target_dir)                                                  # (V, D)
     V, D = lm_head.shape
     if meta.get("dim") != D:

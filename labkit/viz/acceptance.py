@@ -25,7 +25,7 @@ def plot_acceptance(counts: DraftCounts, axes, label: str = "measured") -> dict:
     if not counts.drafts:
         raise ValueError("these counts hold no draft: nothing to draw (was speculative decoding on?)")
     ax_len, ax_pos = axes
-    alpha, observed = counts.judged_alpha, counts.accept_length_counts
+    alpha, observed, conditional = counts.judged_alpha, counts.accept_length_counts, conditional_rates(counts)
     model = iid_accept_distribution(alpha, [counts.gamma])                                # (γ + 1,)
     n = np.arange(counts.gamma + 1)
     ax_len.bar(n - 0.2, observed / counts.drafts, 0.4, color="#6cc36a", label=f"{label}, {counts.drafts:,} drafts")
@@ -37,7 +37,7 @@ def plot_acceptance(counts: DraftCounts, axes, label: str = "measured") -> dict:
     ax_len.legend(fontsize="small", frameon=False)
     pos = np.arange(1, counts.gamma + 1)
     ax_pos.plot(pos, counts.per_position_rate, "o-", color="#5b8fd6", label="per-position rate (vLLM's)")
-    ax_pos.plot(pos, conditional_rates(counts), "s--", color="#e08a3c", label="given the earlier ones kept")
+    ax_pos.plot(pos, conditional, "s--", color="#e08a3c", label="given the earlier ones kept")
     ax_pos.plot(pos, alpha ** pos, ":", color="grey", label=f"α^i, α = {alpha:.2f}")
     ax_pos.set_xlabel("draft position i")
     ax_pos.set_ylabel("acceptance")
@@ -46,4 +46,4 @@ def plot_acceptance(counts: DraftCounts, axes, label: str = "measured") -> dict:
     ax_pos.legend(fontsize="small", frameon=False, loc="lower left")
     return {"alpha": alpha, "gamma": counts.gamma, "mean_acceptance_length": counts.mean_acceptance_length,
             "shares": (observed / counts.drafts).tolist(), "iid": model.tolist(),
-            "per_position": counts.per_position_rate.tolist(), "conditional": conditional_rates(counts).tolist()}
+            "per_position": counts.per_position_rate.tolist(), "conditional": conditional.tolist()}
