@@ -587,8 +587,12 @@ def cmd_verify_cost(a) -> int:
     return 0
 
 
-EXPORT_FORMATS = {"vllm-medusa": "Medusa-1 heads as vLLM's Medusa model (one residual layer per head and the "
-                                  "target's LM head, shared)"}
+EXPORT_FORMATS = {"speculators": "an EAGLE-3 head as vLLM serves it (speculators' Eagle3DraftModel: vllm serve DIR)",
+                  "specforge": "an EAGLE-3 head as SGLang and SpecForge read it (LlamaForCausalLMEagle3, midlayer.*)",
+                  "llama-cpp": "an EAGLE-3 head as llama.cpp runs it (a GGUF from llama.cpp's own converter: "
+                               "--spec-type draft-eagle3; needs `make llama-cpp-src`)",
+                  "vllm-medusa": "Medusa-1 heads as vLLM's Medusa model (one residual layer per head and the "
+                                 "target's LM head, shared)"}
 
 
 def cmd_export(a) -> int:
@@ -601,15 +605,51 @@ def cmd_export(a) -> int:
     if not (head / "config.json").is_file():
         raise ValueError(f"{a.head} is no head directory (config.json + model.safetensors) and no shipped head; the "
                          f"shipped ones: {', '.join(sorted(p.name for p in shipped('heads').iterdir() if p.is_dir()))}")
-    meta = medusa_config(head)                 # before the target is fetched for a head it cannot export
+    if a.format == "vllm-medusa":
+        meta = medusa_config(head)                 # before the target is fetched for a head it cannot export
+    else:
+        meta = json.loads((head / "config.json").read_text())
+        if meta.get("kind") != "eagle3":
+            raise ValueError(f"{head} holds {meta.get('kind') or 'Medusa'} heads: the {a.format} format carries "
+                             "EAGLE-3 heads (the shipped one: eagle3-qwen2.5-coder-1.5b); Medusa heads export as "
+                             "vllm-medusa")
+    if a.format == "llama-cpp":
+        from .export.llama_cpp import check_converter
+        check_converter()                          # before the target is fetched
     base = a.target or meta.get("base_model")
     if not base:
         raise ValueError(f"{head}/config.json names no base model: give --target")
     target = resolve_model(base)
-    out = export_vllm_medusa(head, target, a.out)
-    print(f"wrote {out} ({meta['n_heads']} Medusa heads on {base}'s LM head). Serve it with vLLM:")
-    config = json.dumps({"method": "medusa", "model": str(out), "num_speculative_tokens": meta["n_heads"]})
-    print(f"  vllm serve {target} --speculative-config '{config}'")
+    if a.format == "vllm-medusa":
+        out = export_vllm_medusa(head, target, a.out)
+        print(f"wrote {out} ({meta['n_heads']} Medusa heads on {base}'s LM head). Serve it with vLLM:")
+        config = json.dumps({"method": "medusa", "model": str(out), "num_speculative_tokens": meta["n_heads"]})
+        print(f"  vllm serve {target} --speculative-config '{config}'")
+        return 0
+    steps = meta.get("ttt_steps") or 5
+    if a.format == "llama-cpp":
+        from .export.llama_cpp import command_line, export_llama_cpp
+        from .models.hub import PRESETS, fetch_weights
+        gguf = export_llama_cpp(head, target, a.out, steps=steps)
+        print(f"wrote {gguf} (an EAGLE-3 head on {base}, by llama.cpp's convert_hf_to_gguf.py). Run it with llama.cpp "
+              "(make llama-cpp builds llama-speculative-simple):")
+        target_gguf = fetch_weights(base, progress=False) if base in PRESETS else f"{base}.gguf"
+        print(f"  {command_line(target_gguf, gguf, steps + 1)}")     # as deep as labkit's chain (eagle3-chain)
+        return 0
+    from .export.eagle3 import export_eagle3
+    out = export_eagle3(head, target, a.out, a.format, steps)
+    print(f"wrote {out} (an EAGLE-3 head on {base}, blocks {meta.get('layers')}, {meta.get('draft_vocab_size'):,} "
+          "draft tokens).")
+    if a.format == "speculators":
+        print(f"Serve it with vLLM (the verifier is named in its config: {target}):")
+        print(f"  vllm serve {out}")
+        config = json.dumps({"method": "eagle3", "model": str(out), "num_speculative_tokens": steps})
+        print(f"  or: vllm serve {target} --speculative-config '{config}'")
+    else:
+        print("Serve it with SGLang:")
+        print(f"  python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
+              f"--speculative-draft-model-path {out} --speculative-num-steps {steps} --speculative-eagle-topk 8 "
+              "--speculative-num-draft-tokens 32")
     return 0
 
 

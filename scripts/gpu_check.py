@@ -332,12 +332,12 @@ def eagle3_drafter(target: Transformer, mode: dict, max_len: int, top_k: int = 8
                                      "rope_theta", "layers")}
     n = target.args.n_layers
     layers = fields["layers"] if max(fields["layers"]) < n else [0, n // 2, n - 1]    # a smoke run's few blocks
-    cfg = replace(EagleConfig(**fields), dim=target.args.dim, layers=layers)
+    vocab = torch.arange(min(config["draft_vocab_size"], target.vocab_size))
+    cfg = replace(EagleConfig(**fields), dim=target.args.dim, layers=layers, draft_vocab_size=vocab.numel())
     torch.manual_seed(0)
     head = Eagle3Head(cfg, target.vocab_size, max_seq_len=max_len)
     head = head.to(target.device, target.embed_tokens.weight.dtype).eval().requires_grad_(False)
     use_attention(head, mode.get("attention", "sdpa"))                  # its layer's attention as the target's
-    vocab = torch.arange(min(config["draft_vocab_size"], target.vocab_size))
     how = mode["static"]
     return DeviceEagleDrafter(head, target, vocab, top_k=top_k, depth=depth, max_len=max_len,
                               compile=how.get("compile", False), cuda_graph=how.get("cuda_graph", False),

@@ -170,6 +170,10 @@ def bad_argv(d):
         (["export", "eagle3-qwen2.5-coder-1.5b", "--format", "vllm-medusa", "--out", str(d / "o")],
          "holds no Medusa heads"),
         (["export", "medusa-qwen2.5-coder-1.5b", "--format", "tensorrt", "--out", str(d / "o")], "invalid choice"),
+        (["export", "medusa-qwen2.5-coder-1.5b", "--format", "speculators", "--out", str(d / "o")],
+         "the speculators format carries EAGLE-3 heads"),
+        (["export", "eagle-qwen2.5-coder-1.5b", "--format", "specforge", "--out", str(d / "o")],
+         "holds eagle heads: the specforge format carries EAGLE-3 heads"),
         (["export", "medusa-qwen2.5-coder-1.5b", "--format", "vllm-medusa"], "--out"),
         (["acceptance", str(d / "questions.jsonl")], "is not Prometheus' text format"),
         (["acceptance", str(d / "empty.txt")], "holds no vllm:spec_decode_num_* counters"),
@@ -218,6 +222,8 @@ def bad_env(d):
         ({"LAB_REMOTE": "maybe", "LAB_IP": "0.0.0.0"}, ["lab", "--port", "8890"], "LAB_REMOTE must be 1"),
         ({"LABKIT_CACHE": str(d / "a-file")}, ["models"], "is not a folder: point LABKIT_CACHE at a folder"),
         ({"LABKIT_CACHE": str(d / "a-file")}, ["models", "--calibration"], "is not a folder"),
+        ({"LABKIT_LLAMA_CPP_SRC": str(d / "no-llama-cpp")},
+         ["export", "eagle3-qwen2.5-coder-1.5b", "--format", "llama-cpp", "--out", str(d / "o")], "make llama-cpp-src"),
     ]
 
 

@@ -16,6 +16,7 @@ from labkit.training.distill import (
     heldout_split,
     read_records,
     shingles,
+    ship,
 )
 
 
@@ -59,6 +60,22 @@ def test_answers_are_the_targets_greedy_ones_and_a_rerun_resumes(tiny_target, tm
     first = out.read_text()
     records = distill(loaded, prompts, out, max_new_tokens=6, batch_size=2, progress=False)
     assert out.read_text().startswith(first) and [r["id"] for r in records] == ["p0", "p1", "p2"]
+
+
+def test_the_shipped_corpus_carries_the_answers_as_text_and_packs_as_the_cached_one(tiny_target, tmp_path):
+    loaded = LoadedModel(tiny_target, chatml_tokenizer(), "tiny", "native", eos_token_ids=(1,))
+    records = distill(loaded, [prompt(0, "Write a loop."), prompt(1, "Hi")], tmp_path / "d.jsonl", max_new_tokens=6,
+                      batch_size=2, progress=False)
+    meta = {"model": "tiny", "path": "reference path, fp32 weights, cpu", "batch_size": 2, "seconds_this_run": 1.0}
+    path = ship(records, meta, loaded.tokenizer, tmp_path / "shipped", "tiny")
+    shipped = read_records(path)
+    assert [r["answer"] for r in shipped] == [loaded.tokenizer.decode(r["answer_ids"], skip_special_tokens=True)
+                                              for r in records]
+    assert all(r["answer"] for r in shipped)
+    assert [t.tolist() for t in distilled_sequences(shipped, 8)] == [t.tolist() for t in distilled_sequences(records, 8)]
+    shipped_meta = json.loads((tmp_path / "shipped" / "tiny.meta.json").read_text())
+    assert shipped_meta["forward_path"] == meta["path"] and "seconds_this_run" not in shipped_meta
+    assert shipped_meta["generation_seconds"] == round(sum(r["batch_seconds"] for r in records) / 2)
 
 
 def test_conversations_pack_into_rows_in_order():

@@ -20,10 +20,13 @@ def target():
     return tiny_model(seed=0, n_layers=5)
 
 
-def head_for(target, seed=0):
+def head_for(target, seed=0, draft_vocab=None):
     torch.manual_seed(seed)
-    cfg = EagleConfig.for_target(target, hidden_dim=96, layers=LAYERS)
-    return Eagle3Head(cfg, target.vocab_size, target.max_seq_len).eval()
+    cfg = EagleConfig.for_target(target, hidden_dim=96, layers=LAYERS,
+                                 draft_vocab_size=0 if draft_vocab is None else draft_vocab.numel())
+    head = Eagle3Head(cfg, target.vocab_size, target.max_seq_len).eval()
+    head.init_lm_head(target.lm_head.weight.detach()[draft_vocab if draft_vocab is not None else slice(None)])
+    return head
 
 
 def test_layer_taps_are_the_blocks_outputs_and_the_final_feature(target):
@@ -84,9 +87,10 @@ def test_unrolled_training_learns_every_step_and_round_trips(target, tmp_path):
     taps = fs.taps_of("train").float()
     vocab = target_next.unique()
     vocab_map = vocab_index(vocab, target.vocab_size)
-    head = head_for(target).float().train()
+    head = head_for(target, draft_vocab=vocab).float().train()
+    torch.testing.assert_close(head.lm_head.weight, target.lm_head.weight[vocab])     # starts as the target's rows
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
-    rows = target.lm_head.weight[vocab]
+    rows = head.lm_head.weight                                                         # (Vd, D), its own, trained
     first = None
     for _ in range(120):
         r = eagle3_loss(head, target.embed_tokens, rows, vocab_map, tokens, taps, target_next, steps=3)

@@ -55,3 +55,39 @@ def test_llama_cpp_peer_runs_the_gguf(tmp_path):
     assert plain.n_new == 24 and "1, 2, 3" in plain.text and plain.seconds > 0
     assert spec.text.startswith(plain.text[:10]) and spec.n_new >= 24
     assert 0 < spec.accepted <= spec.drafted and spec.target_forwards < spec.n_new, "the draft is the target: most accepted"
+
+
+@pytest.mark.skipif(not llama_cpp.available(), reason="llama.cpp is not built (make llama-cpp)")
+def test_llama_cpp_runs_the_exported_eagle3_head(tmp_path):
+    """The shipped EAGLE-3 head, converted by llama.cpp's own convert_hf_to_gguf.py, holds labkit's tensors and
+    drafts for llama.cpp's draft-eagle3 on the 4-bit target: its greedy text is llama.cpp's plain decoding's."""
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer
+
+    from labkit.core.shipped import shipped
+    from labkit.export.llama_cpp import export_llama_cpp
+    from labkit.models.eagle_heads import read_eagle
+    from labkit.models.hub import DEFAULT_TARGET, resolve_model
+    head = shipped("heads", "eagle3-qwen2.5-coder-1.5b")
+    target_dir = resolve_model(DEFAULT_TARGET)
+    out = export_llama_cpp(head, target_dir, tmp_path)
+    config, state = read_eagle(head)
+    reader = GGUFReader(str(out))
+    fields = {f.name: f for f in reader.fields.values()}
+    layers = next(f for name, f in fields.items() if name.endswith("target_layers"))
+    assert [int(layers.parts[i][0]) for i in layers.data] == [b + 1 for b in config["layers"]]   # inputs of layers
+    tensors = {t.name: t for t in reader.tensors}
+    d2t = tensors["d2t"].data.reshape(-1)
+    assert d2t.tolist() == state["draft_vocab"].tolist(), "draft id i -> the target id labkit maps it to"
+    fc = next(t for name, t in tensors.items() if name.startswith("fc"))
+    assert tuple(reversed(fc.shape.tolist())) == tuple(state["fc.weight"].shape)
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Write a Python function that reverses a list."}],
+                                     add_generation_prompt=True, tokenize=False)
+    target = llama_cpp.gguf_file(DEFAULT_TARGET)
+    plain = llama_cpp.completion(target, prompt, 48, 2)
+    spec = llama_cpp.speculative(target, out, prompt, 48, 6, 2, "draft-eagle3")
+    drafted, own = spec.text.rstrip(), plain.text.rstrip()   # the two programs print a last blank token differently
+    assert drafted.startswith(own) or own.startswith(drafted), (plain.text, spec.text)
+    assert 0 < spec.accepted <= spec.drafted and spec.target_forwards < spec.n_new, "the head's drafts are accepted"

@@ -43,7 +43,8 @@ ALLOWED: dict[str, dict[str, str]] = {
     "06": {"the 10 nodes": "the example tree's size, built in the code cell above",
            "blocks 1, 13 and 24\n  of 28": "the EAGLE-3 head's tapped blocks (its config) and the target's depth",
            "2.0, 2.5\n  and 3.0": "the acceptance targets of the table's columns (its code)",
-           "270,000\n  conversations": "the size of EAGLE-3's published training data (Li et al. 2025)",
+           "530,000\n  entries": "the size of EAGLE-3's published training data, ShareGPT and UltraChat-200K "
+                                "(Li et al. 2025)",
            "32-token forward": "an example width",
            "1-token one": "an example width",
            "21 questions": "the size of the shipped question set, data/questions/labkit_bench.jsonl",

@@ -47,10 +47,11 @@ def trained():
     taps, hidden = feats[..., :3 * D], feats[..., 3 * D:]
     target_next = target.lm_head(hidden).argmax(-1)                                     # (12, 28)
     vocab = target_next.unique()
-    head = Eagle3Head(EagleConfig.for_target(target, hidden_dim=96, layers=LAYERS), target.vocab_size,
-                      target.max_seq_len).float().train()
+    head = Eagle3Head(EagleConfig.for_target(target, hidden_dim=96, layers=LAYERS, draft_vocab_size=vocab.numel()),
+                      target.vocab_size, target.max_seq_len).float().train()
+    head.init_lm_head(target.lm_head.weight[vocab].detach())
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
-    rows = target.lm_head.weight[vocab].detach()
+    rows = head.lm_head.weight                                                         # (Vd, D), trained with it
     for _ in range(80):
         r = eagle3_loss(head, target.embed_tokens, rows, vocab_index(vocab, target.vocab_size), tokens, taps,
                         target_next, steps=3)
@@ -76,7 +77,7 @@ def test_eagle3_replay_equals_chain_decoding_at_the_roots_it_visits(trained, row
     depth, prompt = 4, tokens[row, :4]
     out = tree_generate(target, EagleDrafter(head, target, vocab, top_k=1, depth=depth), prompt, 24, budget=depth)
     assert out.tokens == tokens[row, 4:].tolist()                                      # the same greedy text
-    guesses = eagle_guesses(head, target.embed_tokens, target.lm_head.weight[vocab].detach(), vocab,
+    guesses = eagle_guesses(head, target.embed_tokens, head.lm_head.weight, vocab,
                             tokens[row:row + 1], taps[row:row + 1].float(), depth)      # (1, T-1, depth)
     accepted, roots = chain_accepts(guesses, tokens[row:row + 1], target_next[row:row + 1])
     visited = decoded_roots(4, out.trace.steps)

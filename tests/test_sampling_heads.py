@@ -51,7 +51,9 @@ def eagle_pair(seed: int = 0, kind: str = "eagle"):
         target = tiny_model(seed=3, vocab_size=V, std=0.2, n_layers=3)
         torch.manual_seed(seed)
         cfg = EagleConfig.for_target(target, hidden_dim=96, layers=(0, 1, 2))
-        return target, Eagle3Head(cfg, V, target.max_seq_len).eval().requires_grad_(False)
+        head = Eagle3Head(cfg, V, target.max_seq_len)
+        head.init_lm_head(target.lm_head.weight)                # its LM head starts as the target's, as in training
+        return target, head.eval().requires_grad_(False)
     target = tiny_model(seed=3, vocab_size=V, std=0.2)
     torch.manual_seed(seed)
     head = EagleHead(EagleConfig.for_target(target, hidden_dim=96), V, target.max_seq_len).eval().requires_grad_(False)

@@ -1,7 +1,7 @@
 """llama.cpp as a peer: what a CPU user would pick instead, run on the same GGUF pair and prompts.
 
 `make llama-cpp` builds `llama-completion` (plain decoding) and `llama-speculative-simple` (a
-draft model proposing γ tokens a step) from the llama.cpp source vendored in the
+draft model or an EAGLE-3 head proposing γ tokens a step) from the llama.cpp source vendored in the
 llama-cpp-python sdist into build/llama.cpp/bin (LABKIT_LLAMA_CPP names another folder). Each
 question is one process on the preset's GGUF file itself (Q4_K_M: llama.cpp's own quantised
 kernels, where labkit computes with the dequantised weights). The prompt is the same chat-
@@ -94,11 +94,25 @@ def completion(target: Path, prompt: str, n: int, threads: int) -> LlamaRun:
     return LlamaRun(text, runs + 1, (prompt_ms + eval_ms) / 1e3, runs + 1, prefill_seconds=prompt_ms / 1e3)
 
 
-def speculative(target: Path, draft: Path, prompt: str, n: int, gamma: int, threads: int) -> LlamaRun:
-    """Greedy decoding with the draft model proposing up to γ tokens a step (llama.cpp's draft-simple)."""
-    out, log = _run("llama-speculative-simple", [
-        "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(gamma),
-        "-n", str(n), "-t", str(threads), "-td", str(threads), "--temp", "0", "-c", "4096"], prompt)
+SPEC_TYPES = ("draft-simple", "draft-eagle3")
+
+
+def speculative(target: Path, draft: Path, prompt: str, n: int, gamma: int, threads: int,
+                spec_type: str = "draft-simple") -> LlamaRun:
+    """Greedy decoding with the draft proposing up to γ tokens a step: a draft model (llama.cpp's draft-simple)
+    or an EAGLE-3 head reading the target's hidden states (draft-eagle3, a GGUF of export/llama_cpp.py)."""
+    if spec_type not in SPEC_TYPES:
+        raise ValueError(f"unknown llama.cpp draft type {spec_type!r}: choose from {', '.join(SPEC_TYPES)}")
+    try:
+        out, log = _run("llama-speculative-simple", [
+            "-m", str(target), "-md", str(draft), "--spec-type", spec_type, "--spec-draft-n-max", str(gamma),
+            "-n", str(n), "-t", str(threads), "-td", str(threads), "--temp", "0", "-c", "4096"], prompt)
+    except RuntimeError as e:
+        if "layer input tensor is null" in str(e):
+            raise RuntimeError(f"{e}\nthis llama.cpp build does not hand the Qwen2 target's layer inputs to "
+                               "draft-eagle3: rebuild it with `rm -rf build/llama.cpp && make llama-cpp`, which "
+                               "adds that tap") from None
+        raise
     prog = "llama-speculative-simple"
     enc = _number(r"encoded\s+\d+ tokens in\s+([\d.]+) seconds", log, prog)
     dec = _number(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds", log, prog)

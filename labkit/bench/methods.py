@@ -102,7 +102,8 @@ class Models:
 class Method:
     name: str                            # the key on the command line and in the results
     label: str                           # what tables and plots call it
-    needs: frozenset                     # of "draft", "hf", "hf_draft", "heads", "llama-cpp", "cross_draft", "hf_cross"
+    needs: frozenset                     # of "draft", "hf", "hf_draft", "heads", "llama-cpp", "arctic", "cross_draft",
+                                         # "hf_cross"
     build: Callable                      # (Models, max_new_tokens, gamma, lookup_tokens) -> run(prompt_ids)
     reference: str = BASELINE            # the plain decoder of its own stack (exact methods must equal it)
     exact: bool = True                   # greedy output equals plain greedy decoding (in exact arithmetic)
@@ -221,6 +222,12 @@ def _suffix(remember: bool, spec_factor: float = 2.0):
     return lambda m, n=None: SuffixDrafter(spec_factor=spec_factor, remember=remember)   # chain or tree loop
 
 
+def _arctic_suffix(m: Models, n=None):
+    """Arctic Inference's SuffixDecodingCache (`make arctic`) with labkit's suffix settings (bench/arctic.py)."""
+    from ..drafters.arctic_suffix import ArcticSuffixDrafter
+    return ArcticSuffixDrafter()
+
+
 def _lookahead(window: int, ngram: int, max_verify: int, from_prompt: bool = False):
     """Lookahead decoding (W, N, G); from_prompt: the pool starts with the prompt's n-grams."""
     from ..drafters.lookahead import LookaheadDrafter
@@ -276,18 +283,27 @@ def _tree(drafter: Callable[[Models], object], budget: int | Callable[[Models], 
     return build
 
 
-def _llama_cpp(speculative: bool = False):
-    """llama.cpp's programs on the presets' GGUF files (tokens: its new text in the target's tokenizer)."""
+def _llama_cpp(speculative: bool = False, eagle3: bool = False):
+    """llama.cpp's programs on the presets' GGUF files (tokens: its new text in the target's tokenizer); eagle3:
+    the shipped EAGLE-3 head, converted by llama.cpp's own converter, drafting a chain as deep as eagle3-chain's."""
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
         from . import llama_cpp
         llama_cpp.check_available()
         tokenizer, target = m.target.tokenizer, llama_cpp.gguf_file(m.target.name)
-        draft = llama_cpp.gguf_file(m.draft_name) if speculative else None
+        if eagle3:
+            _check_heads_target(m)
+            from ..export.llama_cpp import cached_gguf
+            from ..models.hub import resolve_model
+            draft, gamma = cached_gguf(shipped("heads", "eagle3-qwen2.5-coder-1.5b"), resolve_model(m.target.name)), \
+                EAGLE_DEPTH
+        else:
+            draft = llama_cpp.gguf_file(m.draft_name) if speculative else None
+        spec_type = "draft-eagle3" if eagle3 else "draft-simple"
 
         def run(ids: torch.Tensor) -> MethodResult:
             prompt = tokenizer.decode(ids, skip_special_tokens=False)                  # the chat-templated text
             threads = torch.get_num_threads()
-            r = llama_cpp.speculative(target, draft, prompt, n, gamma, threads) if speculative \
+            r = llama_cpp.speculative(target, draft, prompt, n, gamma, threads, spec_type) if draft is not None \
                 else llama_cpp.completion(target, prompt, n, threads)
             tokens = tokenizer(r.text, add_special_tokens=False)["input_ids"]
             # its speculative program may commit a few tokens past n: keep n, and the time of the tokens kept
@@ -404,6 +420,7 @@ MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET, SUFFIX_BUDGET = 32, 8, 6,
 LOOKAHEAD, LOOKAHEAD_WIDE = (3, 3, 3), (5, 4, 4)
 _D, _HF, _HFD, _H = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"}), frozenset({"heads"})
 _LC = frozenset({"llama-cpp"})
+_AR = frozenset({"arctic"})
 _X, _HFX = frozenset({"cross_draft"}), frozenset({"hf", "hf_cross", "cross_draft"})
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("ar", "labkit autoregressive", frozenset(), _autoregressive),
@@ -428,6 +445,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("layer-skip", "labkit layer-skip self-speculation (layers, γ searched here)", frozenset(), _layer_skip),
     Method("suffix", "labkit suffix decoding (this request)", frozenset(), _tree(_suffix(False), SUFFIX_BUDGET),
            tree=True),
+    Method("arctic-suffix", "Arctic Inference suffix decoding (this request), labkit's verify", _AR,
+           _tree(_arctic_suffix, SUFFIX_BUDGET), tree=True),
     Method("suffix-global", "labkit suffix decoding (+ earlier answers)", frozenset(),
            _tree(_suffix(True), SUFFIX_BUDGET), tree=True),
     Method("suffix-cost-aware", "labkit suffix decoding, trees up to 64 nodes, cost-aware budget", frozenset(),
@@ -462,6 +481,8 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("llama-cpp", "llama.cpp autoregressive (Q4_K_M)", _LC, _llama_cpp(), LLAMA_BASELINE),
     Method("llama-cpp-draft", "llama.cpp draft model, γ={gamma} (Q4_K_M)", _LC, _llama_cpp(speculative=True),
            LLAMA_BASELINE),
+    Method("llama-cpp-eagle3", "llama.cpp EAGLE-3 head (labkit's, exported), chain of 6 (Q4_K_M)", _LC | _H,
+           _llama_cpp(eagle3=True), LLAMA_BASELINE),
 ]}
 
 
@@ -471,12 +492,15 @@ HF_NEEDS = frozenset({"hf", "hf_draft", "hf_cross"})
 def default_methods(target: str, dtype: str = "bf16") -> list[str]:
     """Every method that runs on `target`: the trained-head methods only on the target they were trained on,
     llama.cpp's where it is built and the target is a preset (it reads the preset's GGUF), the draft with another
-    tokenizer for the presets other than that draft itself, transformers' peers unless the target is quantized."""
+    tokenizer for the presets other than that draft itself, Arctic's suffix cache where `make arctic` built it,
+    transformers' peers unless the target is quantized."""
+    from ..drafters.arctic_suffix import available as arctic_available
     from ..models.backends import QUANTIZED
     from ..models.hub import PRESETS
     from .llama_cpp import available
     return [n for n, m in METHODS.items() if ("heads" not in m.needs or target == HEADS_TARGET)
             and ("llama-cpp" not in m.needs or (target in PRESETS and available()))
+            and ("arctic" not in m.needs or arctic_available())
             and ("cross_draft" not in m.needs or (target in PRESETS and target != CROSS_DRAFT))
             and not (dtype in QUANTIZED and m.needs & HF_NEEDS)]
 
@@ -501,5 +525,8 @@ def check_methods(names: list[str]) -> list[str]:
     if any("llama-cpp" in METHODS[n].needs for n in names):
         from .llama_cpp import check_available
         check_available()
+    if any("arctic" in METHODS[n].needs for n in names):
+        from ..drafters.arctic_suffix import check_available as check_arctic
+        check_arctic()
     wanted = {BASELINE, *names, *(METHODS[n].reference for n in names)}
     return [n for n in METHODS if n in wanted]              # registry order: each reference before its family

@@ -2,7 +2,8 @@
 
 The head (labkit.models.eagle_heads: EAGLE-1's `EagleHead` or EAGLE-3's `Eagle3Head`) takes the
 target's feature at the last committed position and the token it led to, predicts the next
-feature, reads a token off it with the target's frozen LM head, and continues on its own output.
+feature, reads a token off it with an LM head over the draft vocabulary (EAGLE-1: the target's frozen
+rows; EAGLE-3: its own), and continues on its own output.
 
 EAGLE-2's dynamic tree: from the last committed pair, expand the top-k tokens; at every depth
 keep the `top_k` nodes with the highest cumulative draft log-probability and expand each of
@@ -31,7 +32,7 @@ import torch
 
 from ..core.tree import Tree
 from ..models.backends import readout
-from ..models.eagle_heads import EagleHead
+from ..models.eagle_heads import FeatureHead
 from ..models.transformer import Transformer
 from .base import Drafter, Proposal
 
@@ -45,7 +46,7 @@ class EagleDrafter(Drafter):
     reads_features = True
     best_first = True          # nodes come best first (see _best_subtree): the first n are the tree of budget n
 
-    def __init__(self, head: EagleHead, target: Transformer, draft_vocab: torch.Tensor | None = None,
+    def __init__(self, head: FeatureHead, target: Transformer, draft_vocab: torch.Tensor | None = None,
                  top_k: int = 8, depth: int = 6, window: int | None = None, sinks: int = 4):
         """window: at most this many pairs of a long catch-up (the prompt) besides the first `sinks` are read
         (None: every pair)."""
@@ -61,7 +62,7 @@ class EagleDrafter(Drafter):
         if draft_vocab is None:
             draft_vocab = torch.arange(target.vocab_size)
         self.draft_vocab = draft_vocab.long().to(target.device)                         # (Vd,) ids in the target's vocab
-        rows = target.lm_head.weight[self.draft_vocab]                                  # (Vd, D), sliced once
+        rows = head.readout_rows(target.lm_head.weight, self.draft_vocab)              # (Vd, D), sliced once
         self.readout = readout(rows, target.path)                                       # f -> f @ rows.T, the target's path
         self.name = f"{head.kind}-chain" if top_k == 1 else f"{head.kind}-tree"
 

@@ -35,7 +35,7 @@ from ..core.ops import rope_cos_sin
 from ..core.tree import Tree
 from ..models.compile_blocks import COMPILE_MODES, compile_blocks
 from ..models.cuda_graph import capture_graph
-from ..models.eagle_heads import EagleHead
+from ..models.eagle_heads import FeatureHead
 from ..models.kv_cache import LayerSlots, StaticKVCache
 from ..models.transformer import Transformer
 from .base import Proposal
@@ -60,7 +60,7 @@ class DeviceEagleDrafter(EagleDrafter):
 
     drafts_on_device = True
 
-    def __init__(self, head: EagleHead, target: Transformer, draft_vocab: torch.Tensor | None = None,
+    def __init__(self, head: FeatureHead, target: Transformer, draft_vocab: torch.Tensor | None = None,
                  top_k: int = 8, depth: int = 6, window: int | None = None, sinks: int = 4,
                  compile: bool | str = False, cuda_graph: bool = False, compile_backend: str = "inductor",
                  max_len: int | None = None):
@@ -121,7 +121,7 @@ class DeviceEagleDrafter(EagleDrafter):
         `positions` (T,), each row seeing the slots of `mask` (T, S)."""
         a = self.head.args
         cos, sin = rope_cos_sin(positions[None], a.head_dim, a.rope_theta, context.dtype)   # (1, 1, T, hd)
-        x = self.head.fc(torch.cat([embeds, context], dim=-1))[None]                       # (1, T, D)
+        x = self.head.pair_input(context, embeds)[None]                                   # (1, T, D or 2D)
         if self.run_block is None:
             out = self.head.block(x, cos, sin, LayerSlots(self.static_cache.k[0], self.static_cache.v[0], slots), 0,
                                   mask)                                                   # (1, T, D)

@@ -463,11 +463,14 @@ def apply_path(model: nn.Module, path: str, precision: str) -> nn.Module:
     return model
 
 
-def swap_modules(module: nn.Module, path: ForwardPath) -> ForwardPath:
+def swap_modules(module: nn.Module, path: ForwardPath, keep: tuple[str, ...] = ()) -> ForwardPath:
     """Swap every nn.Linear under `module` for `path`'s; on the packed path also the attention,
-    RMSNorm, RoPE and SwiGLU modules for their fused kernels."""
+    RMSNorm, RoPE and SwiGLU modules for their fused kernels. keep: children of `module` left as they are (an
+    EAGLE-3 head's LM head, whose rows its drafter reads as a tensor)."""
     fused = {SDPAttention: KernelAttention, RMSNorm: KernelRMSNorm, Rotary: KernelRotary, SwiGLU: KernelSwiGLU}
     for name, child in module.named_children():
+        if name in keep:
+            continue
         if isinstance(child, nn.Linear):
             setattr(module, name, linear_for(child, path))
         elif path.name.startswith("packed") and type(child) in fused:

@@ -74,11 +74,13 @@ class ModelArgs:
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, in_dim: int | None = None):
+        """in_dim: the width of the input q, k and v are projected from (default args.dim; EAGLE-3's layer: 2 dim)."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
         # q, k and v in one matmul (gpt-fast's wqkv): one weight read, one call instead of three
-        self.qkv_proj = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim, bias=args.qkv_bias)
+        self.qkv_proj = nn.Linear(in_dim or args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim,
+                                  bias=args.qkv_bias)
         self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=args.o_bias)
         self.rope = Rotary()
         self.core = SDPAttention()      # softmax(q k^T / sqrt(hd)) v; a forward path may swap in its own kernel

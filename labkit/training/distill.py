@@ -179,6 +179,24 @@ def distilled_sequences(records: list[dict], seq_len: int = 256, end_ids: tuple[
     return [torch.tensor(stream[i:i + seq_len]) for i in range(0, len(stream) - seq_len + 1, seq_len)]
 
 
+def ship(records: list[dict], meta: dict, tokenizer, out_dir: str | Path, name: str) -> Path:
+    """The corpus as the lab ships it (data/distill/): every record with its answer as text beside its token ids
+    (the ids stay the source of truth: decoding and re-encoding need not give them back), and its meta (the
+    generation time: each batch's seconds, shared by its records, summed over records / batch size)."""
+    from ..core.textfile import writable_dir
+    out_dir = writable_dir(out_dir, "--ship")
+    path = out_dir / f"{name}.jsonl"
+    with path.open("w") as f:
+        for r in records:
+            r = {k: v for k, v in r.items() if k != "batch_seconds"}
+            f.write(json.dumps({**r, "answer": tokenizer.decode(r["answer_ids"], skip_special_tokens=True)},
+                               ensure_ascii=False) + "\n")
+    meta = {("forward_path" if k == "path" else k): v for k, v in meta.items() if k != "seconds_this_run"}
+    meta["generation_seconds"] = round(sum(r.get("batch_seconds", 0) for r in records) / meta["batch_size"])
+    (out_dir / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     """python -m labkit.training.distill: the target's greedy answers to chat and code prompts."""
     import argparse
@@ -194,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="default: <cache>/distill/<model>.jsonl")
+    ap.add_argument("--ship", default=None, metavar="DIR",
+                    help="also write the corpus with its answers as text to DIR (data/distill: what features.py "
+                         "--distilled reads, no generation needed)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     prompts, dropped = distill_prompts(args.n_chat, args.n_code, args.seed)
@@ -211,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
                         "Python's standard library (functions, with an instruction each)"]}
     out.with_suffix(".meta.json").write_text(json.dumps(info, indent=1) + "\n")
     print(json.dumps(info, indent=1))
+    if args.ship:
+        print(ship(records, info, loaded.tokenizer, args.ship, args.model))
 
 
 if __name__ == "__main__":

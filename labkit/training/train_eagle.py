@@ -53,15 +53,19 @@ def provenance(config: dict) -> str:
     """PROVENANCE.md of a saved head, from its config.json: what it is, and every run with its data and result."""
     kind = config.get("kind", "eagle")
     fm = config.get("features", {})
-    what = (f"EAGLE-3 head: fuse(concat of target blocks {config.get('layers')} outputs, 3D -> D), fc, one decoder "
-            f"layer (SwiGLU width {config['hidden_dim']:,}), RMSNorm; trained on tokens only"
+    what = (f"EAGLE-3 head (the reference layer): fc fusing target blocks {config.get('layers')} outputs (3D -> D); "
+            f"one decoder layer whose attention reads concat(input_layernorm(embedding), hidden_norm(h)) (2D), h the "
+            f"residual{' (normalised: norm_before_residual)' if config.get('norm_before_residual') else ''}, SwiGLU "
+            f"width {config['hidden_dim']:,}; RMSNorm; its own LM head over the draft vocabulary, started from the "
+            "target's rows; trained on tokens only"
             if kind == "eagle3" else f"EAGLE-1 head: fc, one decoder layer (SwiGLU width {config['hidden_dim']:,}), "
                                      "RMSNorm; trained to predict the next feature and token")
     lines = [f"# {'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} head for {config['base_model']}", "",
              "Made by `labkit/training/train_eagle.py` (self-distillation on the frozen target's features).", "",
              f"- {what}; {config['parameters'] / 1e6:.2f}M parameters stored in bf16 with the draft vocabulary "
-             f"({config['draft_vocab_size']:,} token ids). The target's embedding and LM head are shared, frozen and "
-             "not stored.",
+             f"({config['draft_vocab_size']:,} token ids). The target's embedding"
+             f"{'' if kind == 'eagle3' else ' and LM head'} {'is' if kind == 'eagle3' else 'are'} shared, frozen "
+             "and not stored.",
              f"- Features: {fm.get('model')} computed in {fm.get('dtype')}, {fm.get('seq_len')}-token rows; corpus "
              f"{json.dumps(fm.get('corpus'))}.",
              f"- Training tokens seen, over all runs: **{config.get('tokens_seen', 0):,}**.", "",
@@ -114,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bf16", action="store_true",
                     help="bf16 autocast for the training forward and backward (fp32 weights and optimizer): about "
                          "twice as fast where the CPU has bf16 dot products (AVX512_BF16, AMX)")
+    ap.add_argument("--norm-before-residual", action="store_true",
+                    help="EAGLE-3: the layer's residual is hidden_norm(h) instead of h (speculators' option)")
     ap.add_argument("--resume", action="store_true",
                     help="continue from the head in --out (same kind and layers) on these features: more data, "
                          "not a fresh start; its record of every run and token seen is kept")
@@ -129,23 +135,31 @@ def main(argv: list[str] | None = None) -> None:
     if tokens.shape[0] == 0:
         raise ValueError(f"--rows {args.rows} selects no training rows (there are {fs.n_train})")
     draft_vocab = target_next[:, 1:].unique()                                           # (Vd,) sorted ids
-    previous, state = {}, None
+    previous, state, saved_vocab = {}, None, None
     if args.resume:
         previous, state = resumed(Path(args.out), args.kind)
-        draft_vocab = torch.cat([draft_vocab, state.pop("draft_vocab").long()]).unique()   # the union: any order works
+        saved_vocab = state.pop("draft_vocab").long()
+        draft_vocab = torch.cat([draft_vocab, saved_vocab]).unique()                   # the union: any order works
         args.hidden_dim = previous["hidden_dim"]
         if previous.get("layers", []) != fs.meta.get("layers", []) and args.kind == "eagle3":
             raise ValueError(f"--resume: the head fuses blocks {previous['layers']}, these features tapped "
                              f"{fs.meta.get('layers')}: extract features with --layers "
                              f"{','.join(map(str, previous['layers']))}")
     vocab_map = vocab_index(draft_vocab, target.vocab_size)
-    lm_rows = target.lm_head.weight[draft_vocab].detach().float()                       # (Vd, D), frozen
+    target_rows = target.lm_head.weight[draft_vocab].detach().float()                   # (Vd, D), frozen
     embed = torch.nn.Embedding.from_pretrained(target.embed_tokens.weight.float(), freeze=True)
     del target.layers                                                                   # only the embedding and LM head are needed
     if args.kind == "eagle3":
         taps = {"train": fs.taps_of("train")[subset], "heldout": fs.taps_of("heldout")}  # (S, T, 3D) each
-        cfg = EagleConfig.for_target(target, args.hidden_dim, args.model, layers=fs.meta["layers"])
+        cfg = EagleConfig.for_target(target, args.hidden_dim, args.model, layers=fs.meta["layers"],
+                                     draft_vocab_size=draft_vocab.numel(),
+                                     norm_before_residual=previous.get("norm_before_residual", args.norm_before_residual))
         head = Eagle3Head(cfg, target.vocab_size, fs.meta.get("seq_len", 256)).float().train()
+        head.init_lm_head(target_rows)                                                  # starts as the target's rows
+        if state is not None:                     # the saved rows where the vocabulary had them, the target's for new ones
+            rows = target_rows.clone()
+            rows[vocab_map[saved_vocab]] = state["lm_head.weight"].float()
+            state["lm_head.weight"] = rows
     else:
         head = EagleHead(EagleConfig.for_target(target, args.hidden_dim, args.model), target.vocab_size,
                          fs.meta.get("seq_len", 256)).float().train()
@@ -160,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         return r.loss, None, r.per_step[0], r.correct[0], r.count[0]
     if state is not None:
         head.load_state_dict({k: v.float() for k, v in state.items()})
+    lm_rows = head.lm_head.weight if args.kind == "eagle3" else target_rows             # (Vd, D): EAGLE-3's, trained
     n_params = sum(p.numel() for p in head.parameters())
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     steps_per_epoch = math.ceil(tokens.shape[0] / args.batch_size)
