@@ -37,8 +37,7 @@ def test_arctic_cache_drafts_the_tree_labkit_drafts_on_a_plain_repeat():
         d.start(prompt)
     a, b = (d.propose(prompt, 8, SamplingConfig()) for d in (ours, theirs))
     assert b.k > 0 and b.tokens[0] == 8
-    assert arctic.paths(a.tokens.tolist(), a.as_tree().parents.tolist()) == \
-        arctic.paths(b.tokens.tolist(), b.as_tree().parents.tolist())
+    assert arctic.proposal_paths(a) == arctic.proposal_paths(b)
 
 
 @built

@@ -29,7 +29,8 @@ from ..core.sampling import SamplingConfig
 from ..core.shipped import CHECKOUT
 from ..drafters.arctic_suffix import VERSION, ArcticSuffixDrafter, available, check_available
 
-__all__ = ["ArcticSuffixDrafter", "available", "check_available", "paths", "accepted", "replay", "recorded"]
+__all__ = ["ArcticSuffixDrafter", "available", "check_available", "paths", "proposal_paths", "accepted", "replay",
+           "recorded"]
 
 
 def paths(tokens: list[int], parents: list[int]) -> frozenset[tuple[int, ...]]:
@@ -40,6 +41,11 @@ def paths(tokens: list[int], parents: list[int]) -> frozenset[tuple[int, ...]]:
         path_of.append(p)
         out.add(p)
     return frozenset(out)
+
+
+def proposal_paths(prop) -> frozenset[tuple[int, ...]]:
+    """A drafter's Proposal (a chain or a tree) as its set of root-to-node token paths."""
+    return paths(prop.tokens.tolist(), prop.as_tree().parents.tolist()) if prop.k else frozenset()
 
 
 def accepted(tree: frozenset[tuple[int, ...]], truth: list[int]) -> int:
@@ -66,8 +72,7 @@ def replay(sequences: list[tuple[list[int], list[int]]], budget: int) -> dict:
             drafter.start(torch.tensor(prompt))
             i, fwd = 0, 0
             while i < len(output):
-                prop = drafter.propose(torch.tensor(prompt + output[:i]), budget, greedy)
-                tree = paths(prop.tokens.tolist(), prop.as_tree().parents.tolist()) if prop.k else frozenset()
+                tree = proposal_paths(drafter.propose(torch.tensor(prompt + output[:i]), budget, greedy))
                 i += accepted(tree, output[i:]) + 1
                 fwd += 1
             row[f"{name}_forwards"] = fwd
@@ -77,10 +82,8 @@ def replay(sequences: list[tuple[list[int], list[int]]], budget: int) -> dict:
         i, same, steps = 0, 0, 0
         while i < len(output):                                             # the same contexts for both
             context = torch.tensor(prompt + output[:i])
-            a, b = labkit.propose(context, budget, greedy), arctic.propose(context, budget, greedy)
-            ta = paths(a.tokens.tolist(), a.as_tree().parents.tolist()) if a.k else frozenset()
-            tb = paths(b.tokens.tolist(), b.as_tree().parents.tolist()) if b.k else frozenset()
-            same += ta == tb
+            ta = proposal_paths(labkit.propose(context, budget, greedy))
+            same += ta == proposal_paths(arctic.propose(context, budget, greedy))
             steps += 1
             i += accepted(ta, output[i:]) + 1
         row.update(steps=steps, same_tree=same)

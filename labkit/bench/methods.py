@@ -294,8 +294,8 @@ def _llama_cpp(speculative: bool = False, eagle3: bool = False):
             _check_heads_target(m)
             from ..export.llama_cpp import cached_gguf
             from ..models.hub import resolve_model
-            draft, gamma = cached_gguf(shipped("heads", "eagle3-qwen2.5-coder-1.5b"), resolve_model(m.target.name)), \
-                EAGLE_DEPTH
+            draft = cached_gguf(shipped("heads", "eagle3-qwen2.5-coder-1.5b"), resolve_model(m.target.name))
+            gamma = EAGLE_DEPTH                                          # as deep as eagle3-chain's chain
         else:
             draft = llama_cpp.gguf_file(m.draft_name) if speculative else None
         spec_type = "draft-eagle3" if eagle3 else "draft-simple"

@@ -39,6 +39,11 @@ def check_converter() -> Path:
     return script
 
 
+def gguf_name(head_dir: str | Path, outtype: str = "bf16") -> str:
+    """The file a head's conversion writes: <head folder>-<type>.gguf."""
+    return f"{Path(head_dir).resolve().name}-{outtype}.gguf"
+
+
 def export_llama_cpp(head_dir: str | Path, target_dir: str | Path, out: str | Path, outtype: str = "bf16",
                      steps: int | None = None) -> Path:
     """Convert labkit's EAGLE-3 head in `head_dir` (trained on the target in `target_dir`, a transformers
@@ -47,7 +52,7 @@ def export_llama_cpp(head_dir: str | Path, target_dir: str | Path, out: str | Pa
         raise ValueError(f"unknown GGUF type {outtype!r}: choose from {', '.join(OUTTYPES)}")
     script = check_converter()
     out = writable_dir(out, "--out")
-    gguf = out / f"{Path(head_dir).resolve().name}-{outtype}.gguf"
+    gguf = out / gguf_name(head_dir, outtype)
     partial = gguf.with_suffix(".partial")         # renamed once whole: a failed conversion leaves no .gguf
     with tempfile.TemporaryDirectory(prefix="labkit-eagle3-") as tmp:
         export_eagle3(head_dir, target_dir, Path(tmp) / "speculators", "speculators", steps)
@@ -74,5 +79,5 @@ def cached_gguf(head_dir: str | Path, target_dir: str | Path) -> Path:
     head_dir = Path(head_dir)
     digest = hashlib.sha256((head_dir / "model.safetensors").read_bytes()).hexdigest()[:12]
     folder = cache_dir() / "gguf" / "heads" / f"{head_dir.resolve().name}-{digest}"
-    made = folder / f"{head_dir.resolve().name}-bf16.gguf"
+    made = folder / gguf_name(head_dir)
     return made if made.is_file() else export_llama_cpp(head_dir, target_dir, folder)

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..models.adapters import layer_taps
+from ..models.eagle3_formats import aux_layer_ids
 from ..models.eagle_heads import load_eagle3
 from ..training.eagle_loss import unrolled_logits
 from .eagle3 import export_eagle3
@@ -70,7 +71,6 @@ def compare(ours: list[torch.Tensor], theirs: dict, draft_vocab: torch.Tensor) -
 def check(head_dir: Path, target_dir: Path, target, python: str, token_rows: list[torch.Tensor], steps: int,
           work: Path, seed: int = 0) -> dict:
     """The three checks over every token row (1-D tensors); a dict of results per check and row."""
-    from .eagle3 import aux_layer_ids
     head, draft_vocab, config = load_eagle3(head_dir, target)
     layers = tuple(config["layers"])
     spec = export_eagle3(head_dir, target_dir, work / "speculators", "speculators", steps, dtype=torch.float32)

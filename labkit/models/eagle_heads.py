@@ -265,7 +265,8 @@ def load_eagle(path: str | Path, target: Transformer, head_class: type = EagleHe
         raise ValueError(f"{path} holds an EAGLE-3 head of labkit's earlier layer (a fuse in front of a standard "
                          "block), which this version does not run: use the shipped head or retrain it with "
                          "`python -m labkit.training.train_eagle --kind eagle3` (data/heads/README.md)")
-    cfg.draft_vocab_size = draft_vocab.numel() if kind == "eagle3" else cfg.draft_vocab_size
+    if kind == "eagle3":
+        cfg.draft_vocab_size = draft_vocab.numel()                 # its LM head's rows
     return build_head(head_class, cfg, state, target), draft_vocab, config
 
 
