@@ -6,13 +6,12 @@
 """
 from .core.acceptance import Acceptance, greedy_accept, speculative_accept
 from .core.adaptive import (
-    CostAwareGamma,
+    BestRateGamma,
     FixedGamma,
     HeuristicGamma,
     expected_speedup,
     expected_tokens,
 )
-from .core.gate import DraftGate, drafting_paid
 from .core.sampling import GREEDY, SamplingConfig
 from .core.trace import Step, Trace
 from .decoding import (
@@ -40,8 +39,7 @@ def load_model(*args, **kwargs):
     return _load(*args, **kwargs)
 
 
-__all__ = ["Acceptance", "greedy_accept", "speculative_accept", "CostAwareGamma", "FixedGamma", "HeuristicGamma",
-           "DraftGate", "drafting_paid",
+__all__ = ["Acceptance", "greedy_accept", "speculative_accept", "BestRateGamma", "FixedGamma", "HeuristicGamma",
            "expected_speedup", "expected_tokens", "autoregressive_generate", "DraftModelDrafter", "Drafter",
            "PromptLookupDrafter", "SuffixDrafter", "Proposal", "KVCache", "ModelArgs", "Transformer", "GREEDY",
            "SamplingConfig", "Generation", "SpeculativeDecoder", "speculative_generate", "TreeDecoder", "tree_generate", "Step", "Trace", "load_model"]

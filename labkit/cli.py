@@ -30,7 +30,7 @@ TRAINERS = {"distill": ("labkit.training.distill", "the target's own answers to 
             "eagle": ("labkit.training.train_eagle", "an EAGLE or EAGLE-3 head (--kind)"),
             "data-curve": ("labkit.training.data_curve", "heads trained on growing data, replayed"),
             "mtp": ("labkit.training.train_mtp", "a multi-token model from a config")}
-POLICIES = ("fixed", "heuristic", "cost-aware")
+POLICIES = ("fixed", "heuristic", "best-rate", "cost-aware")
 DRAFT_PRECISIONS = ("auto", "fp32", "bf16", "int8", "int4")
 
 
@@ -280,14 +280,17 @@ def make_drafter(kind: str, draft_model=None, eos_token_ids=(), window: int | st
     return DraftModelDrafter(draft_model, eos_token_ids=eos_token_ids, window=window, vocab=vocab)
 
 
-def make_policy(name: str, gamma: int, compiled: bool = False):
-    """The --policy's γ policy; on the compiled loop an adaptive one drafts at most the verify's MAX_GAMMA tokens."""
-    from .core.adaptive import CostAwareGamma, FixedGamma, HeuristicGamma
+def make_policy(name: str, gamma: int, compiled: bool = False, drafter=None):
+    """The --policy's γ policy; on the compiled loop an adaptive one drafts at most the verify's MAX_GAMMA tokens.
+    The cost-aware one has `drafter` propose unverified on its plain steps where the eager loop runs."""
+    from .core.adaptive import BestRateGamma, FixedGamma, HeuristicGamma
+    from .tuning import CostAwareGamma, Shadowed
     if name == "fixed":
         return FixedGamma(gamma)
     from .decoding.compiled import MAX_GAMMA
-    policy = {"heuristic": HeuristicGamma, "cost-aware": CostAwareGamma}[name]
-    return policy(gamma, max_gamma=MAX_GAMMA) if compiled else policy(gamma)
+    policy = {"heuristic": HeuristicGamma, "best-rate": BestRateGamma, "cost-aware": CostAwareGamma}[name]
+    chosen = policy(gamma, max_gamma=MAX_GAMMA) if compiled else policy(gamma)
+    return Shadowed(chosen, drafter) if name == "cost-aware" and drafter is not None and not compiled else chosen
 
 
 def cmd_generate(a) -> int:
@@ -320,11 +323,31 @@ def cmd_generate(a) -> int:
         drafter = make_drafter(a.drafter, draft.model if draft else None, () if compiled else target.eos_token_ids,
                                resolve_window(a.draft_window, a.device, a.loop), target.model, a.max_new_tokens,
                                resolve_vocab(a.draft_vocab, a.device, a.loop))
+        policy = make_policy(a.policy, a.gamma, compiled, drafter)
     out, (loop, why) = decode(target.model, drafter, prompt, a.max_new_tokens, policy, sampling,
                               target.eos_token_ids, a.seed, loop=a.loop)
     show(a, out, target, draft, prompt, f"{loop} loop ({why})", {"drafter": a.drafter, "gamma": a.gamma,
                                                                  "policy": a.policy, "loop": {"loop": loop, "why": why}})
+    choices = speed_choices(drafter)
+    if choices and not a.json:
+        print(f"[speed choices] {'; '.join(choices)}. The tokens are the same without them: --draft-window all "
+              "--draft-vocab all decode with the textbook draft (the whole context, every token id).", file=sys.stderr)
     return 0
+
+
+def speed_choices(drafter) -> list[str]:
+    """What a draft-model drafter does beyond the textbook's draft, in words (empty for the others)."""
+    from .drafters import DraftModelDrafter
+    if not isinstance(drafter, DraftModelDrafter):
+        return []
+    said = []
+    if drafter.window is not None:
+        said.append(f"the draft read at most the first {drafter.sinks} and the last {drafter.window} tokens of the "
+                    "context (--draft-window)")
+    if drafter.head is not None:
+        said.append(f"the draft scored {drafter.head.scored.numel():,} of its {drafter.model.vocab_size:,} token ids "
+                    "(--draft-vocab)")
+    return said
 
 
 def show(a, out, target, draft, prompt, loop: str, settings: dict) -> None:

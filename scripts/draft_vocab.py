@@ -24,9 +24,10 @@ SIZES = (65536, 32768, 16384)
 
 
 def main() -> None:
-    from labkit import CostAwareGamma, DraftModelDrafter, autoregressive_generate, speculative_generate
+    from labkit import DraftModelDrafter, autoregressive_generate, speculative_generate
     from labkit.models.calibrate import isa_label, machine
     from labkit.models.loading import encode_prompt
+    from labkit.tuning import CostAwareGamma, Shadowed
     p = pair_options(__doc__, repeats=9)
     p.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")), default=SIZES)
     p.add_argument("--rounds", type=int, default=1)
@@ -88,7 +89,8 @@ def main() -> None:
                     out = plain = autoregressive_generate(target.model, ids, a.tokens, eos_token_ids=eos)
                 else:
                     out = speculative_generate(target.model, drafters[name], ids, a.tokens,
-                                               gamma=CostAwareGamma(verify_curve=curve), eos_token_ids=eos)
+                                               gamma=Shadowed(CostAwareGamma(verify_curve=curve), drafters[name]),
+                                               eos_token_ids=eos)
                 seconds = time.perf_counter() - t0
                 row["seconds"][name] = min(row["seconds"].get(name, float("inf")), seconds)
                 if name != "plain":

@@ -36,14 +36,21 @@ from labkit.bench.methods import EAGLE_DEPTH, EAGLE_TOP_K, verify_curve
 from labkit.bench.questions import read_questions
 from labkit.bench.writer import markdown_table, subplots, write_outputs
 from labkit.core.shipped import shipped
-from labkit.core.tree_budget import CostAwareBudget
 from labkit.decoding.tree import tree_generate
 from labkit.drafters.draft_model import DEFAULT_WINDOW
 from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.window import AutoWindow, WindowCosts
-from labkit.models.calibrate import OthersCPU, isa_label, load_average, machine, machine_slug, run_facts
+from labkit.models.calibrate import (
+    OthersCPU,
+    isa_label,
+    load_average,
+    machine,
+    machine_slug,
+    run_facts,
+)
 from labkit.models.eagle_heads import load_eagle3
 from labkit.models.loading import encode_prompt, load_draft, load_model
+from labkit.tuning import CostAwareBudget, Shadowed
 from labkit.viz.plots import plot_window_curve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +75,7 @@ def question_set(limit: int | None) -> list:
 def run_head(target, head, vocab, ids, window, n: int, curve: dict[int, float]) -> dict:
     """The EAGLE-3 head's dynamic tree with the cost-aware budget, the head reading `window` pairs of the prompt."""
     drafter = EagleDrafter(head, target.model, vocab, top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, window=window)
-    budget = CostAwareBudget(max_budget=64, verify_curve=curve)
+    budget = Shadowed(CostAwareBudget(max_budget=64, verify_curve=curve), drafter)
     out = tree_generate(target.model, drafter, ids, n, budget, eos_token_ids=target.eos_token_ids)
     t = out.trace
     return {"window": window, "read": "all" if window is None else window, "tokens": out.tokens,

@@ -21,10 +21,11 @@ WIDTHS = (1, 2, 4, 8, 16)
 
 
 def main() -> None:
-    from labkit import CostAwareGamma, DraftModelDrafter, autoregressive_generate, speculative_generate
+    from labkit import DraftModelDrafter, autoregressive_generate, speculative_generate
     from labkit.models.calibrate import isa_label, machine, time_forward_rounds
     from labkit.models.fused import use_fused
     from labkit.models.loading import encode_prompt
+    from labkit.tuning import CostAwareGamma, Shadowed
     p = pair_options(__doc__, repeats=7)
     p.add_argument("--tokens", type=int, default=64)
     a = p.parse_args()
@@ -60,8 +61,10 @@ def main() -> None:
                 plain = autoregressive_generate(t_, ids, a.tokens, eos_token_ids=eos)
                 t_plain = time.perf_counter() - t0
                 t0 = time.perf_counter()
-                spec = speculative_generate(t_, DraftModelDrafter(d_, eos_token_ids=eos), ids, a.tokens,
-                                            gamma=CostAwareGamma(verify_curve=curve), eos_token_ids=eos)
+                drafter = DraftModelDrafter(d_, eos_token_ids=eos)
+                spec = speculative_generate(t_, drafter, ids, a.tokens,
+                                            gamma=Shadowed(CostAwareGamma(verify_curve=curve), drafter),
+                                            eos_token_ids=eos)
                 t_spec = time.perf_counter() - t0
                 if spec.tokens != plain.tokens:
                     raise SystemExit(f"{row['question']}: speculative output parts from plain decoding ({way})")

@@ -76,9 +76,6 @@ class PatternOfSteps:
             n += 1
         return max(1, n)
 
-    def shadow_size(self) -> int:                  # asked by an eager loop on a plain step: no shadows
-        return 0
-
 
 def host_syncs(fn) -> int:
     """How many times fn makes the host wait for the GPU (torch's sync debug mode: .item(), .tolist(), a copy from

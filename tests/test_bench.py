@@ -493,7 +493,7 @@ def test_the_gated_method_drafts_a_request_only_where_its_categorys_last_drafted
     """One DraftGate per category and round: each request's choice follows from the verdicts before it, plain
     requests decode plain, and every output equals plain decoding's."""
     from labkit.bench import write_report
-    from labkit.core.gate import DraftGate, Verdict
+    from labkit.tuning.gate import DraftGate, Verdict
     questions = write_lines(tmp_path / "q.jsonl", *[{"question_id": f"q{i}", "category": "code",
                                                      "turns": [f"def f{i}(x):\n    return x + {i}\n\ndef g("]}
                                                     for i in range(5)])
@@ -522,3 +522,12 @@ def test_the_gated_method_drafts_a_request_only_where_its_categorys_last_drafted
     write_report(tmp_path / "results.jsonl", config.run_key)
     assert (f"labkit draft, cost-aware γ, gated per category drafted {n} questions ({paid} of them paid) and ran "
             f"{5 - n} plain") in (tmp_path / "bench.md").read_text()
+
+
+def test_the_readme_counts_the_registry_s_methods():
+    """The README's count of the bench's methods is the registry's, so a method added is a method said."""
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    said = re.search(r"the bench's (\d+) methods", readme)
+    assert said and int(said.group(1)) == len(METHODS), (said and said.group(0), len(METHODS))

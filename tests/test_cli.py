@@ -159,3 +159,11 @@ def test_measurements_run_from_the_one_command_line(capsys, monkeypatch):
     import labkit.core.shipped as shipped
     monkeypatch.setattr(shipped, "CHECKOUT", shipped.CHECKOUT / "not-a-checkout")
     assert main(["measure", "--list"]) == 2 and "clone the repository" in capsys.readouterr().err
+
+
+def test_generate_names_the_speed_choices_it_made_and_the_textbook_draft_gives_the_same_tokens(ckpts, capsys):
+    code, out, err = generate(capsys, ckpts[0], "--drafter", "draft", "--draft-window", "8", "--max-new-tokens", "12")
+    assert code == 0 and "[speed choices]" in err and "the last 8 tokens" in err and "--draft-window all" in err
+    code, textbook, err = generate(capsys, ckpts[0], "--drafter", "draft", "--draft-window", "all", "--draft-vocab",
+                                   "all", "--max-new-tokens", "12")
+    assert code == 0 and "[speed choices]" not in err and textbook == out

@@ -15,11 +15,18 @@ import pytest
 import torch
 from conftest import PatternOfSteps, host_syncs, perturbed, tiny_model
 from scipy.stats import chisquare
-from test_sampling import CONFIGS, N_POS, N_RUNS, PROMPT, V, chi2_pvalues, exact_marginals
+from test_sampling import (
+    CONFIGS,
+    N_POS,
+    N_RUNS,
+    PROMPT,
+    V,
+    chi2_pvalues,
+    exact_marginals,
+)
 
 import labkit.decoding.compiled as compiled
 from labkit import (
-    CostAwareGamma,
     DraftModelDrafter,
     PromptLookupDrafter,
     SamplingConfig,
@@ -39,6 +46,7 @@ from labkit.decoding.compiled import (
     speculative_accept_on_device,
 )
 from labkit.drafters.replay import PacedDrafter, ReplayDrafter, ReplayedGamma
+from labkit.tuning import CostAwareGamma
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and inductor's GPU code need a GPU")

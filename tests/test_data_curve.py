@@ -49,3 +49,11 @@ def test_the_curve_reads_every_run_and_the_trend_says_how_much_data_a_target_nee
     fig = plot({"eagle3-ttt": rows}, ["stdlib"], goal=2.0)
     (points, fit), = [ax.get_lines()[:2] for ax in fig.axes]
     assert list(points.get_ydata()) == [1.2, 1.4, 1.6] and fit.get_ydata()[-1] == pytest.approx(1.6 + 3 * 0.2)
+
+
+def test_an_update_replaces_the_re_run_heads_and_keeps_the_others_in_their_order():
+    from labkit.training.data_curve import updated
+    earlier = {"eagle3-ttt": [{"tokens_seen": 1}], "eagle": [{"tokens_seen": 2}], "medusa": [{"tokens_seen": 3}]}
+    got = updated(earlier, {"eagle": [{"tokens_seen": 20}], "eagle3": [{"tokens_seen": 4}]})
+    assert list(got) == ["eagle3-ttt", "eagle", "medusa", "eagle3"]
+    assert got["eagle"] == [{"tokens_seen": 20}] and got["medusa"] == earlier["medusa"]

@@ -4,8 +4,8 @@ import torch
 from conftest import tiny_model
 
 from labkit import DraftModelDrafter, autoregressive_generate, speculative_generate
-from labkit.core.gate import DraftGate, Verdict, drafting_paid, one_token_step
 from labkit.core.trace import Step, Trace
+from labkit.tuning.gate import DraftGate, Verdict, drafting_paid, one_token_step
 
 LOST, PAID = Verdict(seconds=2.0, plain_seconds=1.5), Verdict(seconds=1.0, plain_seconds=1.5)
 

@@ -27,6 +27,32 @@ def test_head_cache_incremental_equals_full(tiny_target):
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-4)
 
 
+def test_the_head_is_the_reference_layer_a_biased_fc_no_input_norm_and_no_final_norm(tiny_target, tmp_path):
+    """EAGLE-1 as SafeAILab's cnets1.py builds it: g = fc(concat(e, f)) with a bias, u = g + Attn(g) (no input
+    norm), out = u + MLP(post_attention_layernorm(u)) (no final norm); a head of labkit's earlier form (an input
+    norm and a final norm) is refused with the command that retrains it."""
+    head = tiny_head(tiny_target)
+    assert head.fc.bias is not None and not hasattr(head.block, "input_layernorm") and not hasattr(head, "norm")
+    f, e = torch.randn(1, 5, tiny_target.args.dim), torch.randn(1, 5, tiny_target.args.dim)
+    with torch.no_grad():
+        out = head(f, e, head.new_cache(16))
+        g = head.fc(torch.cat([e, f], -1))
+        plain = head.new_cache(16)
+        from labkit.models.layers import rope_cos_sin
+        from labkit.models.transformer import chain_mask
+        cos, sin = rope_cos_sin(torch.arange(5)[None], head.args.head_dim, head.args.rope_theta, g.dtype)
+        u = g + head.block.self_attn(g, cos, sin, plain, 0, chain_mask(0, 5))
+        manual = u + head.block.mlp(head.block.post_attention_layernorm(u))
+    torch.testing.assert_close(out, manual, atol=1e-5, rtol=1e-4)
+    save_eagle(head, torch.arange(10), tmp_path, {})
+    from safetensors.torch import load_file, save_file
+    state = load_file(tmp_path / "model.safetensors")
+    state["norm.weight"] = torch.ones(tiny_target.args.dim, dtype=torch.bfloat16)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="earlier layer.*train_eagle"):
+        load_eagle(tmp_path, tiny_target)
+
+
 def test_best_subtree_keeps_parents_and_the_best_scores():
     parents = torch.tensor([-1, -1, 0, 0, 1, 2, 2])
     scores = torch.tensor([-0.1, -0.5, -0.3, -2.0, -0.6, -0.35, -3.0])

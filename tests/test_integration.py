@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from labkit import (
-    CostAwareGamma,
     DraftModelDrafter,
     HeuristicGamma,
     PromptLookupDrafter,
@@ -19,6 +18,7 @@ from labkit import (
 )
 from labkit.models.hub import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from labkit.models.loading import encode_prompt
+from labkit.tuning import CostAwareGamma
 
 pytestmark = pytest.mark.integration
 PROMPT = "Write a Python function that checks whether a string is a palindrome."

@@ -12,9 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "labkit"
 
-# lowest first: the math, the kernels, model and cache, drafters, decoding loops, training and export, presentation and
-# hardware, benchmarks, the command line
-LAYERS = [("core",), ("kernels",), ("models",), ("drafters",), ("decoding",), ("training", "export"), ("viz", "hw"), ("bench",),
+# lowest first: the math, the kernels, model and cache, drafters, decoding loops, the speed choices beside them,
+# training and export, presentation and hardware, benchmarks, the command line
+LAYERS = [("core",), ("kernels",), ("models",), ("drafters",), ("decoding",), ("tuning",), ("training", "export"),
+          ("viz", "hw"), ("bench",),
           ("cli", "lab", "book", "__main__", "__init__")]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -22,6 +23,11 @@ LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def source(mod: str) -> Path:
+    """Where a labkit module or package would live."""
+    return ROOT.parent.joinpath(*mod.split("."))
 
 
 def imports(path: Path) -> set[str]:
@@ -42,8 +48,7 @@ def imports(path: Path) -> set[str]:
                 continue
             for a in node.names:
                 sub = f"{target}.{a.name}"
-                is_module = (ROOT.parent / sub.replace(".", "/")).with_suffix(".py").exists() \
-                    or (ROOT.parent / sub.replace(".", "/")).is_dir()
+                is_module = source(sub).with_suffix(".py").exists() or source(sub).is_dir()
                 found.add(sub if is_module else target)
     return found - {mod}
 
@@ -68,6 +73,15 @@ def test_no_import_reaches_up_a_layer():
     upward = [f"{mod} (layer {layer(mod)}) imports {dep} (layer {layer(dep)})"
               for mod, deps in GRAPH.items() for dep in deps if dep in GRAPH and layer(dep) > layer(mod)]
     assert not upward, "\n".join(upward)
+
+
+def test_the_algorithm_does_not_see_the_tuning():
+    """The math, the drafters and the loops run without labkit.tuning, and the loops' base keeps no shadows."""
+    low = {"core", "drafters", "decoding"}
+    seen = [f"{mod} imports {dep}" for mod, deps in GRAPH.items() if mod.split(".")[1:2][0:1] and
+            mod.split(".")[1] in low for dep in deps if dep.startswith("labkit.tuning")]
+    assert not seen, "\n".join(seen)
+    assert "shadow" not in (ROOT / "decoding" / "base.py").read_text().lower()
 
 
 def find_circle(graph: dict[str, set[str]]) -> list[str] | None:

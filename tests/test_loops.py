@@ -4,11 +4,18 @@ import pytest
 import torch
 from conftest import perturbed, tiny_model
 
-from labkit import CostAwareGamma, DraftModelDrafter, FixedGamma, PromptLookupDrafter, SamplingConfig, SuffixDrafter
+from labkit import (
+    DraftModelDrafter,
+    FixedGamma,
+    PromptLookupDrafter,
+    SamplingConfig,
+    SuffixDrafter,
+)
 from labkit.core.tree_budget import FixedBudget
 from labkit.decoding.loops import choose_loop, decode, why_not_compiled
 from labkit.decoding.static import StaticDecoder
 from labkit.models.checks import check_load_args, resolve_dtype
+from labkit.tuning import CostAwareGamma
 
 PROMPT = torch.tensor([5, 17, 33, 2, 9, 5, 17, 33])
 GREEDY, SAMPLED = SamplingConfig(), SamplingConfig(temperature=1.0)

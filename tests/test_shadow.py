@@ -4,14 +4,14 @@ import torch
 from test_tree_budget import PROMPT, STEP_CURVE, Oracle
 
 from labkit import autoregressive_generate, speculative_generate, tree_generate
-from labkit.core.adaptive import CostAwareGamma
 from labkit.core.sampling import GREEDY, SamplingConfig
-from labkit.core.shadow import Shadow
 from labkit.core.trace import Step
 from labkit.core.tree import Tree
-from labkit.core.tree_budget import CostAwareBudget, FixedBudget
+from labkit.core.tree_budget import FixedBudget
 from labkit.core.typical import typical_accept_rule
+from labkit.decoding.loops import why_not_compiled
 from labkit.drafters.base import Drafter, Proposal
+from labkit.tuning import CostAwareBudget, CostAwareGamma, Shadow, Shadowed
 
 
 def test_a_shadow_follows_the_committed_tokens_down_one_branch_and_settles_at_a_miss_or_a_leaf():
@@ -71,7 +71,7 @@ def test_a_shadow_keeps_the_nodes_that_verifying_its_tree_would_keep(tiny_target
     ref = autoregressive_generate(tiny_target, PROMPT, 24)
     answer = PROMPT.tolist() + ref.tokens
     drafter, policy = Sloppy(answer, tiny_target.vocab_size), PlainWithShadows()
-    out = tree_generate(tiny_target, drafter, PROMPT, 24, budget=policy)
+    out = tree_generate(tiny_target, drafter, PROMPT, 24, budget=Shadowed(policy, drafter))
     assert out.tokens == ref.tokens and all(not s.proposed for s in out.trace.steps)
     settled = [s for s in policy.seen if s.settled]
     assert len(settled) >= 15 and {len(s.path) for s in settled} >= {2, 4}, "both a miss and a whole chain"
@@ -88,11 +88,12 @@ def test_a_tree_run_of_plain_steps_is_plain_decoding_token_for_token_sampled_too
     of a seeded plain run (not only their distribution); Medusa's typical acceptance, greedy, the greedy tokens."""
     ref = autoregressive_generate(tiny_target, PROMPT, 24, sampling, seed=5)
     drafter = Sloppy(PROMPT.tolist() + ref.tokens, tiny_target.vocab_size)
-    out = tree_generate(tiny_target, drafter, PROMPT, 24, PlainWithShadows(), sampling, seed=5)
+    out = tree_generate(tiny_target, drafter, PROMPT, 24, Shadowed(PlainWithShadows(), drafter), sampling, seed=5)
     assert out.tokens == ref.tokens
     assert all(not s.proposed and s.asked == 0 for s in out.trace.steps) and out.trace.steps[0].shadow == 5
     if sampling.greedy:
-        typical = tree_generate(tiny_target, drafter, PROMPT, 24, PlainWithShadows(), accept_rule=typical_accept_rule())
+        typical = tree_generate(tiny_target, drafter, PROMPT, 24, Shadowed(PlainWithShadows(), drafter),
+                                accept_rule=typical_accept_rule())
         assert typical.tokens == ref.tokens
 
 
@@ -111,8 +112,9 @@ def test_plain_steps_find_out_from_shadows_when_drafting_pays_and_verify_no_prob
     answer, V = PROMPT.tolist() + ref.tokens, tiny_target.vocab_size
 
     def run(until: int, shadow_share: float = 0.9):
-        return tree_generate(tiny_target, Oracle(answer, until, V), PROMPT, 96, budget=CostAwareBudget(
-            max_budget=16, explore_every=4, verify_curve=STEP_CURVE, shadow_share=shadow_share))
+        drafter = Oracle(answer, until, V)
+        budget = CostAwareBudget(max_budget=16, explore_every=4, verify_curve=STEP_CURVE, shadow_share=shadow_share)
+        return tree_generate(tiny_target, drafter, PROMPT, 96, budget=Shadowed(budget, drafter))
     wrong = run(10**6)
     assert wrong.tokens == ref.tokens
     assert all(not s.proposed for s in wrong.trace.steps), "no tree verified: shadows instead of probes"
@@ -130,15 +132,17 @@ def test_a_cheap_chain_drafter_shadows_its_plain_steps_and_ends_its_warmup_after
     """Through the chain loop: a free, always-wrong draft is verified once (the first step times it), then every step
     is plain with a shadow; right after 40 tokens it drafts again within four steps (a tiny model's steps are timed,
     and the shadows are paid from that time)."""
-    def policy():
-        return CostAwareGamma(start=3, shadow_share=0.9)
+    def policy(drafter):
+        return Shadowed(CostAwareGamma(start=3, shadow_share=0.9), drafter)
     ref = autoregressive_generate(tiny_target, PROMPT, 96)
     answer, V = PROMPT.tolist() + ref.tokens, tiny_target.vocab_size
-    wrong = speculative_generate(tiny_target, Oracle(answer, 10**6, V), PROMPT, 96, policy())
+    oracle = Oracle(answer, 10**6, V)
+    wrong = speculative_generate(tiny_target, oracle, PROMPT, 96, policy(oracle))
     assert wrong.tokens == ref.tokens
     assert [bool(s.proposed) for s in wrong.trace.steps].count(True) == 1, "one warm-up draft, then only shadows"
     assert sum(s.shadow > 0 for s in wrong.trace.steps) >= len(wrong.trace.steps) // 2
-    late = speculative_generate(tiny_target, Oracle(answer, len(PROMPT) + 40, V), PROMPT, 96, policy())
+    oracle = Oracle(answer, len(PROMPT) + 40, V)
+    late = speculative_generate(tiny_target, oracle, PROMPT, 96, policy(oracle))
     assert late.tokens == ref.tokens
     first_right, first_kept = steps_to_drafting(late.trace.steps, after_tokens=40)
     assert first_kept - first_right <= 4, (first_right, first_kept)
@@ -176,3 +180,21 @@ def test_a_shadow_share_outside_zero_to_one_is_refused_with_what_it_means():
     off = CostAwareBudget(shadow_share=0, verify_curve=STEP_CURVE)
     off.expect_shadows()                                              # a loop that shadows, a policy that does not
     assert off.budget() > 0 and not off.shadows, "0: no shadows, the first step a probe as before"
+
+
+def test_without_the_wrapper_a_cost_aware_policy_makes_no_shadows_and_the_wrapper_refuses_what_it_cannot_run(
+        tiny_target):
+    """The loops never shadow by themselves: a bare CostAwareGamma probes; Shadowed refuses a policy that cannot
+    learn from shadows, keeps the compiled loop off (why_not_compiled says why) and refuses to guess before a loop
+    has started it."""
+    ref = autoregressive_generate(tiny_target, PROMPT, 48)
+    answer, V = PROMPT.tolist() + ref.tokens, tiny_target.vocab_size
+    bare = speculative_generate(tiny_target, Oracle(answer, 10**6, V), PROMPT, 48,
+                                CostAwareGamma(start=3, shadow_share=0.9))
+    assert bare.tokens == ref.tokens and all(s.shadow == 0 for s in bare.trace.steps)
+    with pytest.raises(ValueError, match="has no shadow_size"):
+        Shadowed(FixedBudget(4), Oracle(answer, 0, V))
+    wrapped = Shadowed(CostAwareGamma(start=3), Oracle(answer, 0, V))
+    assert "only the eager loops" in why_not_compiled(tiny_target, Oracle(answer, 0, V), wrapped, GREEDY, False)
+    with pytest.raises(RuntimeError, match="start"):
+        Shadowed(PlainWithShadows(), Oracle(answer, 0, V)).budget()

@@ -4,7 +4,7 @@ import torch
 from conftest import tiny_model
 
 from labkit import (
-    CostAwareGamma,
+    BestRateGamma,
     DraftModelDrafter,
     HeuristicGamma,
     PromptLookupDrafter,
@@ -14,6 +14,7 @@ from labkit import (
     speculative_generate,
     tree_generate,
 )
+from labkit.tuning import CostAwareGamma
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
 
@@ -35,8 +36,8 @@ def test_prompt_lookup_greedy_equals_autoregressive(tiny_target, prompt, gamma):
     assert out.tokens == ref.tokens
 
 
-@pytest.mark.parametrize("policy", [lambda: HeuristicGamma(start=3), lambda: CostAwareGamma(start=2)],
-                         ids=["heuristic", "cost-aware"])
+@pytest.mark.parametrize("policy", [lambda: HeuristicGamma(start=3), lambda: BestRateGamma(start=2),
+                                    lambda: CostAwareGamma(start=2)], ids=["heuristic", "best-rate", "cost-aware"])
 def test_adaptive_gamma_greedy_equals_autoregressive(tiny_target, tiny_draft, policy):
     prompt = PROMPTS[0]
     ref = autoregressive_generate(tiny_target, prompt, max_new_tokens=50)
@@ -369,3 +370,23 @@ def test_the_first_token_comes_from_the_prefill_as_in_plain_decoding(prompt):
     step = tree.step()
     assert calls[1:] == ([len(step.proposed)] if step.proposed else []) and tree.cache.length == len(tree.tokens) - 1
     assert dec.run().tokens == ref and tree.run().tokens == ref
+
+
+def test_the_best_rate_gamma_drafts_long_where_drafts_are_cheap_and_right_and_plain_where_they_cost():
+    """rate(γ) = E[tokens | α, γ] / (γ·c + t(γ+1)): a free draft that is always right drafts the longest γ; one that
+    is never right and costs a step per token drafts nothing, and probes once every probe_every plain steps."""
+    from labkit.core.trace import Step
+    right = BestRateGamma(start=4, max_gamma=8, verify_curve={1: 1.0, 16: 1.0})
+    assert right.gamma() == 4                                             # nothing measured: the starting length
+    for _ in range(3):
+        right.update(Step([1, 2, 3, 4], 4, 5, True, 0.0, 0.1))
+    assert right.gamma() == 8
+    wrong = BestRateGamma(start=4, max_gamma=8, probe_every=3)
+    wrong.update(Step([1, 2, 3, 4], 0, 5, False, 0.4, 0.1))               # 0.1 s a draft token, none kept
+    chosen = []
+    for _ in range(8):
+        chosen.append(g := wrong.gamma())
+        wrong.update(Step([1] * g, 0, 5, False, 0.1 * g, 0.1) if g else Step([], 0, 5, True, 0.0, 0.1))
+    assert chosen[:3] == [0, 0, 0] and chosen[3] > 0 and chosen[4:7] == [0, 0, 0], chosen
+    with pytest.raises(ValueError, match="margin"):
+        BestRateGamma(margin=1.5)

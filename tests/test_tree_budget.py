@@ -8,9 +8,8 @@ import torch
 from labkit import autoregressive_generate, tree_generate
 from labkit.core.adaptive import VerifyCurve, VerifyTime
 from labkit.core.sampling import GREEDY
-from labkit.core.shadow import Shadow, follow_shadows
 from labkit.core.trace import Step
-from labkit.core.tree_budget import PRIOR_STEPS, PROBE_COST, CostAwareBudget, FixedBudget
+from labkit.core.tree_budget import FixedBudget
 from labkit.drafters.base import Drafter, Proposal
 from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.lookahead import LookaheadDrafter
@@ -19,6 +18,8 @@ from labkit.drafters.suffix import SuffixDrafter
 from labkit.models.eagle_heads import EagleConfig, EagleHead
 from labkit.models.medusa_heads import MedusaHeads
 from labkit.models.target import as_tree_target
+from labkit.tuning.shadow import Shadow, follow_shadows
+from labkit.tuning.tree_budget import PRIOR_STEPS, PROBE_COST, CostAwareBudget
 
 
 def step(nodes: int, path: list[int], verify: float, draft: float = 0.0) -> Step:

@@ -72,10 +72,11 @@ def test_a_plain_step_by_choice_is_shown_as_one(tiny_target):
     """A cost-aware policy that chose γ = 0 (a draft that never agrees, at no cost): the stepper says so."""
     from test_tree_budget import Oracle
 
-    from labkit import CostAwareGamma
+    from labkit.tuning import CostAwareGamma, Shadowed
     tok = tiny_tokenizer()
     wrong = Oracle([1] * 200, 10**6, tiny_target.vocab_size)
-    dec = SpeculativeDecoder(tiny_target, wrong, PROMPT, 40, CostAwareGamma(start=3, warmup=2, probe_every=8))
+    dec = SpeculativeDecoder(tiny_target, wrong, PROMPT, 40,
+                             Shadowed(CostAwareGamma(start=3, warmup=2, probe_every=8), wrong))
     views = [take_step(dec) for _ in range(6)]
     plain = next(v for v in views if v.step.plain_by_choice)
     assert plain.step.asked == 0 and not plain.step.proposed and dec.trace.summary()["plain_steps"] >= 1

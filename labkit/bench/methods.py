@@ -13,10 +13,8 @@ from typing import Callable
 
 import torch
 
-from ..core.adaptive import CostAwareGamma, GammaPolicy, HeuristicGamma
-from ..core.gate import DraftGate, drafting_paid, one_token_step
+from ..core.adaptive import GammaPolicy, HeuristicGamma
 from ..core.shipped import shipped
-from ..core.tree_budget import CostAwareBudget
 from ..decoding.compiled import MAX_GAMMA
 from ..decoding.loops import decode
 from ..decoding.speculative import Generation, speculative_generate
@@ -26,6 +24,8 @@ from ..drafters.opening import chat_opening
 from ..drafters.suffix import SuffixDrafter
 from ..drafters.window import AutoWindow, WindowCosts
 from ..models.layer_skip import CALIBRATION_TOKENS
+from ..tuning import CostAwareBudget, CostAwareGamma, DraftGate, Shadowed, drafting_paid
+from ..tuning.gate import one_token_step
 
 BASELINE = "ar"             # every speedup is over this method, measured on the same question
 PEER_BASELINE = "hf-generate"
@@ -137,15 +137,17 @@ def _speculative(drafter: Callable[[Models, int], object], policy: Callable[[int
                 if drafter in DRAFT_MODEL_DRAFTERS and not m.compiled:                  # and its draft's step
                     costs = m.costs()
                     kw["known_costs"] = (costs.draft_step_seconds, costs.target_step_seconds)
-            chosen = policy(gamma, **kw)
-            return from_generation(decode(m.target.model, drafter(m, n), ids, n, chosen, eos_token_ids=eos,
+            chosen, chain_drafter = policy(gamma, **kw), drafter(m, n)
+            if policy is CostAwareGamma:
+                chosen = _shadowed(m, chosen, chain_drafter)
+            return from_generation(decode(m.target.model, chain_drafter, ids, n, chosen, eos_token_ids=eos,
                                           loop=m.loop)[0])
         return run
     return build
 
 
 def _gated(drafter: Callable[[Models, int], object]):
-    """The drafter with the cost-aware γ, behind one DraftGate per workload (core/gate.py): a request drafts only
+    """The drafter with the cost-aware γ, behind one DraftGate per workload (tuning/gate.py): a request drafts only
     where drafting paid on the workload's last drafted request, the draft's reading of the prompt counted; the
     others decode plain. The runner names the workload: the question's category, within one round."""
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
@@ -267,18 +269,25 @@ def verify_curve(model) -> dict[int, float]:
     return _VERIFY_CURVES[id(model)]
 
 
+def _shadowed(m: Models, policy, drafter):
+    """A cost-aware policy with shadows on its plain steps (tuning/shadow.py) where the eager loops run."""
+    return policy if m.compiled else Shadowed(policy, drafter)
+
+
 def _cost_aware(max_budget: int):
     """A fresh cost-aware budget per question, on this machine's verify-cost curve."""
-    return lambda m: CostAwareBudget(max_budget=max_budget, verify_curve=_verify_curve(m))
+    return lambda m, drafter: _shadowed(m, CostAwareBudget(max_budget=max_budget, verify_curve=_verify_curve(m)),
+                                        drafter)
 
 
-def _tree(drafter: Callable[[Models], object], budget: int | Callable[[Models], object]):
-    """A tree drafter with `budget` nodes a step (or a fresh budget policy per question, made by `budget(m)`);
-    the drafter is built once, its heads loaded once."""
+def _tree(drafter: Callable[[Models], object], budget: int | Callable[[Models, object], object]):
+    """A tree drafter with `budget` nodes a step (or a fresh budget policy per question, made by
+    `budget(m, drafter)`); the drafter is built once, its heads loaded once."""
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
         eos, tree_drafter = m.target.eos_token_ids, drafter(m)
         return lambda ids: from_generation(decode(m.target.model, tree_drafter, ids, n,
-                                                  budget(m) if callable(budget) else budget, eos_token_ids=eos,
+                                                  budget(m, tree_drafter) if callable(budget) else budget,
+                                                  eos_token_ids=eos,
                                                   tree=True, loop=m.loop)[0])
     return build
 
@@ -412,8 +421,8 @@ def _transformers(assisted: bool = False, lookup: bool = False, cross: bool = Fa
     return build
 
 
-# tree sizes: a verify pass over 32 tokens cost ~1.2 one-token passes, 64 tokens ~1.7, on the AMX Xeon where
-# these were chosen; on an AVX2-only CPU far more (docs/forward-paths.md)
+# tree sizes: chosen where a wide verify cost little more than a one-token pass; on other CPUs it costs far more
+# (docs/forward-paths.md), which the cost-aware budgets price
 MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET, SUFFIX_BUDGET = 32, 8, 6, 32, 24
 # lookahead (W Jacobi columns, n-grams of N, G verified: (N-1)(W+G) tree nodes at most): 12 nodes, which cost about
 # one 1-token forward on the AVX-512 CPUs measured (verify-cost), and a wider window nearer the paper's GPU settings

@@ -429,7 +429,7 @@ def summarise(meta: dict, rows: list[Row], mismatches: list[Mismatch], note: str
     if gated:
         lines += ["", "A gated method drafts a question only where drafting paid on the last drafted question of its "
                   "category in the same round, the draft's reading of the prompt counted, and decodes the others plain "
-                  "(`labkit/core/gate.py`). Of the runs counted here: " + gated + "."]
+                  "(`labkit/tuning/gate.py`). Of the runs counted here: " + gated + "."]
     lines += ["", "## Outputs that part from their reference", ""]
     if not mismatches:
         lines.append("None: every method's output equals its reference token for token on every question.")

@@ -24,7 +24,7 @@ class Step:
     parents: list[int] | None = None   # tree steps: the proposal's parent vector (proposed = its node tokens)
     path: list[int] | None = None      # tree steps: the accepted nodes, root to leaf
     asked: int | None = None           # the draft length / tree budget asked for (0: a plain step by choice)
-    shadow: int = 0                    # a plain step: nodes the drafter proposed unverified (core/shadow.py)
+    shadow: int = 0                    # a plain step: nodes the drafter proposed unverified (tuning/shadow.py)
 
     @property
     def plain_by_choice(self) -> bool:

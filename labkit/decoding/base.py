@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.sampling import GREEDY, SamplingConfig
-from ..core.shadow import Shadow, follow_shadows
+from ..core.sampling import SamplingConfig
 from ..core.trace import Step, Trace
 from ..drafters.base import Drafter
 
@@ -136,8 +135,6 @@ class Decoder:
         self.max_new_tokens, self.eos, self.generator = max_new_tokens, set(check_eos(eos_token_ids)), seeded(seed)
         self.trace = Trace(method=method, prompt_len=self.prompt.numel())
         self.tokens = self.prompt.tolist()                  # committed: prompt + generated
-        self.shadows: list[Shadow] = []                     # unverified proposals the committed tokens still judge
-        self.shadow_policy = None
 
     @property
     def done(self) -> bool:
@@ -162,24 +159,7 @@ class Decoder:
         """Append a step's new tokens, cut after EOS; returns what was appended."""
         new_tokens = cut(new_tokens, self.eos)
         self.tokens += new_tokens
-        if self.shadows:
-            self.shadows = follow_shadows(self.shadows, self.tokens, self.shadow_policy)
         return new_tokens
-
-    def _shadow(self, policy, drafter: Drafter) -> int:
-        """On a step that is plain by the policy's choice: let the drafter propose without verifying, when the
-        policy asks (core/shadow.py); the committed tokens then judge the proposal. Returns its nodes."""
-        n = policy.shadow_size()
-        if n <= 0:
-            return 0
-        t0 = time.perf_counter()
-        proposal = drafter.propose(torch.tensor(self.tokens), n, GREEDY).limit(n)
-        shadow = Shadow.of(proposal, len(self.tokens), time.perf_counter() - t0)
-        policy.add_shadow(shadow)
-        if shadow.n_nodes:
-            self.shadows.append(shadow)
-            self.shadow_policy = policy
-        return shadow.n_nodes
 
     def _commit_each(self, tokens: list[int], step_of, learn=None) -> Step:
         """Commit tokens decoded without drafting and read at once (a run of plain steps), one Step each

@@ -7,8 +7,8 @@ cost, not what launching them from Python costs:
 1. The target sits in a `StaticKVCache`. The verify forward feeds the last committed token and K
    draft tokens, padded to a fixed width: K is rounded up to a bucket of `BUCKETS` = (0, 1, 2, 4, 8),
    so the verify has five shapes (six or seven with max_gamma=16 or 32); K = 0, a plain step (a cost-aware γ
-   declining to draft, the last token), is the last token alone, as plain decoding's step (a 2-token forward cost
-   1.06 one-token ones on an H100, compiled: data/bench/roofline_cuda.json). Each shape is compiled once by torch.compile and, on CUDA,
+   declining to draft, the last token), is the last token alone, as plain decoding's step (a 2-token forward
+   costs more than a one-token one, however little: docs/hardware.md). Each shape is compiled once by torch.compile and, on CUDA,
    recorded once as a CUDA graph (`FixedShapeStep`); positions and slots are tensors filled in
    place, so nothing Python-side changes between calls.
 2. A draft model drafts on the device too, in its own static cache: one-token steps, and a
@@ -38,12 +38,11 @@ from ..core.adaptive import FixedGamma, GammaPolicy, check_gamma
 from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits
 from ..core.trace import Step
 from ..drafters.base import Drafter
-from ..drafters.draft_model import DraftModelDrafter
-from ..drafters.replay import PacedDrafter
 from ..models.cuda_graph import capture_graph
 from ..models.kv_cache import StaticKVCache
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
+from .host_sync import read_back
 from .static import compiled, prefill, static_forward
 
 BUCKETS = (0, 1, 2, 4, 8)   # draft lengths the verify forward is compiled for; K pads up to the next one
@@ -314,20 +313,10 @@ class CompiledSpeculativeDecoder(Decoder):
         check_drafter(drafter)
         if drafter.reads_features or drafter.reads_verdict:
             raise ValueError(f"the {drafter.name} drafter needs the tree loop: decode with labkit.decoding.tree")
-        if isinstance(drafter, DraftModelDrafter) and (drafter.window is not None or drafter.stop_below is not None
-                                                       or drafter.head is not None or drafter.opening is not None
-                                                       or drafter.eos_token_ids):
-            raise ValueError("the compiled draft reads the whole context and drafts k tokens every step: build the "
-                             "drafter as DraftModelDrafter(model) (no window, vocab, stop_below, eos_token_ids or "
-                             "opening)")
+        draft_model, self.host_drafter = drafter.device_parts()        # raises where the drafter cannot run here
         drafter.check_target(self.model)
-        paced = isinstance(drafter, PacedDrafter) and isinstance(drafter.paced_by, DraftModelDrafter)
-        draft_model = (drafter.model if isinstance(drafter, DraftModelDrafter) else
-                       drafter.paced_by.model if paced else None)
         self.drafter = drafter
         self.draft = None if draft_model is None else StaticDraft(draft_model, self.max_len, **self.compiled)
-        self.host_drafter = (None if isinstance(drafter, DraftModelDrafter) else
-                             drafter.tokens_from if paced else drafter)
 
     @torch.no_grad()
     def warmup(self, gammas=None) -> None:
@@ -398,9 +387,9 @@ class CompiledSpeculativeDecoder(Decoder):
         else:
             p_target = probs_from_logits(logits, self.sampling)                      # (K+1, V)
             acc = speculative_accept_on_device(draft, q_draft, p_target, self.device_generator)
-        n, *tokens = torch.cat([acc.n_accepted.view(1), acc.tokens, draft]).tolist()  # the step's one host sync
-        K = draft.shape[0]
-        tokens, proposed = tokens[:K + 1], tokens[K + 1:]
+        got = read_back(n_accepted=acc.n_accepted.view(1), tokens=acc.tokens, proposed=draft)  # the one host sync
+        n, tokens, proposed = got.n_accepted[0], got.tokens, got.proposed                # (), (K+1,), (K,)
+        K = len(proposed)
         draft_time, verify_time = clock.seconds()
         # 4. Commit: the accepted draft tokens already sit in the slots after the committed ones (a chain is
         #    contiguous), so rolling back is setting the length; the padding's slots are overwritten later

@@ -35,14 +35,22 @@ import torch
 from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits
 from ..core.trace import Step
 from ..core.tree import Tree
-from ..core.tree_budget import CostAwareBudget, FixedBudget
+from ..core.tree_budget import BudgetPolicy, FixedBudget
 from ..drafters.base import Drafter, Proposal
 from ..models.adapters import LayerTapsTarget
 from ..models.kv_cache import StaticKVCache
 from ..models.target import as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter
-from .compiled import PLAIN_RUN, Clock, FixedShapeStep, check_static_loop, fed_steps, sample_without_sync
+from .compiled import (
+    PLAIN_RUN,
+    Clock,
+    FixedShapeStep,
+    check_static_loop,
+    fed_steps,
+    sample_without_sync,
+)
+from .host_sync import read_back
 from .static import prefill
 
 TREE_BUCKETS = (0, 8, 16, 32, 64)  # tree sizes the verify forward is compiled for; N nodes pad up to the next one
@@ -179,7 +187,7 @@ class CompiledTreeDecoder(Decoder):
                                   cuda_graph=True)
         gen = dec.generate(prompt_ids, max_new_tokens=256, budget=32)
 
-    budget: nodes a step, 1..64 (or a FixedBudget / CostAwareBudget). compile, cuda_graph, compile_backend,
+    budget: nodes a step, 1..64 (or a budget policy, core.tree_budget.BudgetPolicy). compile, cuda_graph, compile_backend,
     compile_options: as `CompiledSpeculativeDecoder`'s. max_len must hold prompt + max_new_tokens + 64 (the
     verify writes its padded tree past the last token).
     """
@@ -222,21 +230,21 @@ class CompiledTreeDecoder(Decoder):
             self.verify_steps[b]()
 
     @torch.no_grad()
-    def start(self, prompt_ids: torch.Tensor, max_new_tokens: int, budget: int | FixedBudget | CostAwareBudget = 32,
+    def start(self, prompt_ids: torch.Tensor, max_new_tokens: int, budget: int | BudgetPolicy = 32,
               sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
               seed: int | None = None) -> "CompiledTreeDecoder":
         """Begin a sequence: check the request, prefill the cache with the prompt but its last token."""
         self.begin(self.model, prompt_ids, max_new_tokens, f"compiled-tree/{self.drafter.name}", eos_token_ids, seed,
                    sampling)
-        self.budget = budget if isinstance(budget, (FixedBudget, CostAwareBudget)) else FixedBudget(budget)
+        self.budget = budget if callable(getattr(budget, "budget", None)) else FixedBudget(budget)
         if isinstance(budget, int) and not 0 <= budget <= MAX_NODES:
             raise ValueError(f"budget={budget}: the compiled verify has shapes for up to {MAX_NODES} nodes; pass "
                              f"0 <= budget <= {MAX_NODES}")
         if not sampling.greedy and self.drafter.samples_tokens:
             raise ValueError(f"the {self.drafter.name} drafter samples its tokens: when sampling, the compiled tree "
                              "loop accepts trees of top-k picks; sample with labkit.decoding.tree.tree_generate")
-        if isinstance(self.budget, CostAwareBudget) and not self.drafter.best_first:
-            raise ValueError(f"the cost-aware budget needs a drafter that lists its nodes best first; "
+        if getattr(self.budget, "needs_best_first", False) and not self.drafter.best_first:
+            raise ValueError(f"the {self.budget.name} budget needs a drafter that lists its nodes best first; "
                              f"{self.drafter.name} does not: give it a fixed budget (an int)")
         need = self.prompt.numel() + max_new_tokens + MAX_NODES
         if need > self.max_len or self.prompt.numel() + max_new_tokens > self.model.max_seq_len:
@@ -287,16 +295,18 @@ class CompiledTreeDecoder(Decoder):
         # 4. Commit, queued before the sync: the root's and the deepest path's keys and values to the slots right
         #    after the committed ones (all D + 1 rows: those past the accepted ones land where no token looks)
         self.cache.commit_path(acc.keep_rows, start=n_cached)
-        verdict = torch.cat([acc.n_accepted.view(1), acc.next_token.view(1), acc.keep_rows, nodes]   # (2+1+D+B,)
-                            + ([] if parents is None else [parents]))                    # a device tree's shape too
-        read_q = q_token.device == nodes.device          # a drafter's on the device (Medusa's): read with the verdict
-        values = (torch.cat([verdict.double(), q_token.double()]) if read_q else verdict).tolist()  # the one sync
-        n, next_token, *rest = map(int, values[:verdict.numel()])
-        keep, rest = rest[:acc.keep_rows.numel()], rest[acc.keep_rows.numel():]
-        node_list = rest[:N]
+        parts = dict(n_accepted=acc.n_accepted.view(1), next_token=acc.next_token.view(1), keep_rows=acc.keep_rows,
+                     nodes=nodes)                                                    # (1,), (1,), (1+D,), (B,)
+        if parents is not None:
+            parts["parents"] = parents                   # a device tree's shape (N,)
+        read_q = q_token.device == nodes.device          # a drafter's on the device (Medusa's): read with the rest
+        if read_q:
+            parts["q_token"] = q_token                   # (N,)
+        got = read_back(**parts)                                                         # the step's one host sync
+        n, next_token, keep, node_list = got.n_accepted[0], got.next_token[0], got.keep_rows, got.nodes[:N]
         if tree is None:
-            tree = Tree(torch.tensor(rest[nodes.numel():]))
-        q_list = values[verdict.numel():] if read_q else q_token.tolist()
+            tree = Tree(torch.tensor(got.parents))
+        q_list = got.q_token if read_q else q_token.tolist()
         draft_time, verify_time = clock.seconds()
         self.cache.length = n_cached + n + 1
         if self.drafter.reads_features:
@@ -393,7 +403,7 @@ class CompiledTreeDecoder(Decoder):
         return hidden[0], logits[0]
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int,
-                 budget: int | FixedBudget | CostAwareBudget = 32, sampling: SamplingConfig = GREEDY,
+                 budget: int | BudgetPolicy = 32, sampling: SamplingConfig = GREEDY,
                  eos_token_ids: tuple[int, ...] = (), seed: int | None = None) -> Generation:
         """Decode up to max_new_tokens after prompt_ids (T,): `start`, then step to the end."""
         gen = self.start(prompt_ids, max_new_tokens, budget, sampling, eos_token_ids, seed).run()

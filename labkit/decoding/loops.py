@@ -4,7 +4,7 @@ the eager reference loops, and the reason for the choice.
     gen, loop = decode(target, DraftModelDrafter(draft), prompt_ids, 64, gamma=4)     # loop: ("compiled", why)
 
 On a GPU an eager step launches a few hundred small kernels from Python and is bound by the launches, not by
-memory: labkit's compiled loops run 10-40x faster there (data/bench/gpu_spec.md). On a CPU the eager loops are
+memory: labkit's compiled loops run many times faster there (docs/hardware.md). On a CPU the eager loops are
 the fast ones (a kernel launch costs nothing beside a CPU matmul) and stay the default. The compiled loops cover
 greedy plain decoding (`StaticDecoder`), chain drafters greedy or sampled (`CompiledSpeculativeDecoder`, γ <= 8),
 and tree drafters that read no other features than the final hidden states, greedy or sampled over trees of top-k
@@ -19,9 +19,8 @@ import torch
 
 from ..core.adaptive import FixedGamma, GammaPolicy
 from ..core.sampling import GREEDY, SamplingConfig
-from ..core.tree_budget import CostAwareBudget, FixedBudget
+from ..core.tree_budget import BudgetPolicy
 from ..drafters.base import Drafter
-from ..drafters.draft_model import DraftModelDrafter
 from ..models.transformer import Transformer
 from .autoregressive import autoregressive_generate
 from .base import Generation
@@ -43,6 +42,8 @@ def why_not_compiled(model, drafter: Drafter | None, gamma, sampling: SamplingCo
         return None if sampling.greedy else "the compiled plain loop decodes greedily"
     if drafter.reads_verdict:
         return f"the {drafter.name} drafter reads the target's verdict on every node"
+    if getattr(gamma, "eager_only", False):
+        return f"the {gamma.name} policy proposes unverified on plain steps, which only the eager loops do"
     if tree:
         if not sampling.greedy and drafter.samples_tokens:
             return (f"the {drafter.name} drafter samples its tokens (when sampling, the compiled tree loop accepts "
@@ -51,17 +52,14 @@ def why_not_compiled(model, drafter: Drafter | None, gamma, sampling: SamplingCo
             feature_taps(model, drafter)
         except ValueError:
             return f"the {drafter.name} drafter reads a target of its own"
-        nodes = gamma.max_budget if isinstance(gamma, CostAwareBudget) else \
-            gamma.nodes if isinstance(gamma, FixedBudget) else gamma
+        nodes = gamma if isinstance(gamma, int) else gamma.max_budget
         return None if nodes <= MAX_NODES else f"a tree of {nodes} nodes (the compiled verify has up to {MAX_NODES})"
     if drafter.reads_features:
         return f"the {drafter.name} drafter reads the target's features: decode it as a tree (tree=True)"
-    if isinstance(drafter, DraftModelDrafter) and (drafter.window is not None or drafter.stop_below is not None
-                                                   or drafter.head is not None or drafter.opening is not None
-                                                   or drafter.eos_token_ids):
-        return ("the draft model reads a window of the context, scores a vocabulary of its own, copies in an opening "
-                "or stops early (the compiled draft reads the whole context and drafts every token: "
-                "DraftModelDrafter(model))")
+    try:
+        drafter.device_parts()
+    except ValueError as e:
+        return str(e)
     longest = gamma if isinstance(gamma, int) else gamma.k if isinstance(gamma, FixedGamma) else \
         getattr(gamma, "max_gamma", None)
     if longest is None or longest > MAX_GAMMA:
@@ -91,7 +89,7 @@ def choose_loop(model, drafter: Drafter | None, gamma, sampling: SamplingConfig 
 
 
 def decode(model, drafter: Drafter | None, prompt_ids: torch.Tensor, max_new_tokens: int,
-           gamma: int | GammaPolicy | FixedBudget | CostAwareBudget = 4, sampling: SamplingConfig = GREEDY,
+           gamma: int | GammaPolicy | BudgetPolicy = 4, sampling: SamplingConfig = GREEDY,
            eos_token_ids: tuple[int, ...] = (), seed: int | None = None, tree: bool = False, loop: str = "auto",
            compile_backend: str = "inductor") -> tuple[Generation, tuple[str, str]]:
     """Decode one request on the loop `choose_loop` picks: (the generation, (loop, reason)).

@@ -41,8 +41,7 @@ class SpeculativeDecoder(Decoder):
                              "gives: decode with labkit.decoding.tree.TreeDecoder (or tree_generate)")
         drafter.check_target(target)
         self.target, self.drafter = target, drafter
-        self.policy = gamma if isinstance(gamma, GammaPolicy) else FixedGamma(gamma)
-        self.policy.expect_shadows()
+        self.policy = gamma if callable(getattr(gamma, "gamma", None)) else FixedGamma(gamma)
         t0 = time.perf_counter()
         with torch.no_grad():
             self.cache = target.new_cache()                 # every prompt token: the first step feeds no root
@@ -50,6 +49,7 @@ class SpeculativeDecoder(Decoder):
                                          num_logits=1)[0, -1:].cpu()                     # (1, V) after the prompt
             t1 = time.perf_counter()
             drafter.start(self.prompt)
+            self.policy.start(self.prompt)
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
         self.trace.draft_prefill_time = time.perf_counter() - t1
 
@@ -57,13 +57,11 @@ class SpeculativeDecoder(Decoder):
     def _advance(self) -> Step:
         """propose -> verify -> accept -> commit, once."""
         n_before, trace = len(self.tokens), self.trace
-        asked = self.policy.gamma()
-        k = min(asked, self.max_new_tokens - trace.n_generated - 1, self.cache.room() - 1)
-        # 1. Propose: the drafter's guess at the next k tokens (none on a plain step, unless one judged unverified)
+        # 1. Propose: the drafter's guess at the next k tokens (none on a plain step)
         t0 = time.perf_counter()
+        k = min(self.policy.gamma(), self.max_new_tokens - trace.n_generated - 1, self.cache.room() - 1)
         proposal = self.drafter.propose(torch.tensor(self.tokens), k, self.sampling, self.generator) \
             if k > 0 else Proposal.empty(self.prompt)
-        shadow = self._shadow(self.policy, self.drafter) if asked == 0 else 0
         if not proposal.is_chain:
             raise ValueError(f"the {self.drafter.name} drafter proposed a tree: decode it with "
                              "labkit.decoding.tree.TreeDecoder (or tree_generate)")
@@ -86,7 +84,7 @@ class SpeculativeDecoder(Decoder):
         self.drafter.commit(n_before + acc.n_accepted)
         new_tokens = self._commit(acc.tokens(draft))
         step = Step(draft.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1,
-                    p_draft, proposal.q_token[:k].tolist(), asked=k, shadow=shadow)
+                    p_draft, proposal.q_token[:k].tolist(), asked=k)
         self.policy.update(step)
         return self._record(step, new_tokens, t0)
 

@@ -19,7 +19,13 @@ from typing import Callable
 
 import torch
 
-from ..core.sampling import GREEDY, SamplingConfig, argmax, probs_from_logits, token_probs
+from ..core.sampling import (
+    GREEDY,
+    SamplingConfig,
+    argmax,
+    probs_from_logits,
+    token_probs,
+)
 from ..core.trace import Step
 from ..core.tree import Tree
 from ..core.tree_acceptance import (
@@ -27,13 +33,12 @@ from ..core.tree_acceptance import (
     greedy_tree_accept,
     tree_speculative_accept,
 )
-from ..core.tree_budget import CostAwareBudget, FixedBudget
+from ..core.tree_budget import BudgetPolicy, FixedBudget
 from ..drafters.base import Drafter
 from ..models.target import TreeTarget, as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter, check_sampling
 
-Budget = FixedBudget | CostAwareBudget
 NO_TREE, NO_NODES = Tree(torch.empty(0, dtype=torch.long)), torch.empty(0, dtype=torch.long)   # a plain step's
 
 # An acceptance rule other than the exact ones (Medusa's typical acceptance): (tree, node tokens, logits) -> acceptance
@@ -44,22 +49,21 @@ class TreeDecoder(Decoder):
     """One sequence decoded with a tree drafter; each `step()` is one target forward over a tree."""
 
     def __init__(self, target: Transformer | TreeTarget, drafter: Drafter, prompt_ids: torch.Tensor,
-                 max_new_tokens: int, budget: int | Budget = 32, sampling: SamplingConfig = GREEDY,
+                 max_new_tokens: int, budget: int | BudgetPolicy = 32, sampling: SamplingConfig = GREEDY,
                  eos_token_ids: tuple[int, ...] = (), seed: int | None = None, accept_rule: AcceptRule | None = None):
-        """budget: tree nodes per step, or a policy choosing them each step (core.tree_budget.CostAwareBudget)."""
-        policy = budget if isinstance(budget, (FixedBudget, CostAwareBudget)) else FixedBudget(budget)
+        """budget: tree nodes per step, or a policy choosing them each step (core.tree_budget.BudgetPolicy)."""
+        policy = budget if callable(getattr(budget, "budget", None)) else FixedBudget(budget)
         check_drafter(drafter), check_sampling(sampling)
         if accept_rule is not None and not sampling.greedy:
             raise ValueError("a custom accept_rule (typical acceptance) replaces sampling: use temperature 0 with it")
-        if isinstance(policy, CostAwareBudget) and not drafter.best_first:
-            raise ValueError(f"the cost-aware budget judges smaller trees by cutting this step's proposal, but "
+        if getattr(policy, "needs_best_first", False) and not drafter.best_first:
+            raise ValueError(f"the {policy.name} budget judges smaller trees by cutting this step's proposal, but "
                              f"{drafter.name}'s proposals are not listed best first (Drafter.best_first): "
                              "give it a fixed budget (an int)")
         target = drafter.tree_target(as_tree_target(target))
         self.begin(target, prompt_ids, max_new_tokens, f"tree/{drafter.name}", eos_token_ids, seed, sampling)
         drafter.check_target(target)
         self.target, self.drafter, self.budget, self.accept_rule = target, drafter, policy, accept_rule
-        policy.expect_shadows()
         t0 = time.perf_counter()
         with torch.no_grad():
             self.cache = target.new_cache()                     # every prompt token: the first step feeds no root
@@ -67,6 +71,7 @@ class TreeDecoder(Decoder):
             self.prefill_root = features[-1:], target.logits(features[-1:]).cpu()   # the root's (1, F), (1, V)
             t1 = time.perf_counter()
             drafter.start(self.prompt, features[:-1])           # the root's features come with its step's commit
+            policy.start(self.prompt)
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
         self.trace.draft_prefill_time = time.perf_counter() - t1
 
@@ -74,12 +79,11 @@ class TreeDecoder(Decoder):
     def _advance(self) -> Step:
         """propose a tree -> verify it -> accept a path -> commit and compact, once."""
         n_cached = self.cache.length - (self.prefill_root is not None)        # the root's slot
-        asked = self.budget.budget()
-        budget = min(asked, self.max_new_tokens - self.trace.n_generated - 1, self.cache.room() - 1)
-        if budget <= 0:                                   # no tree this step: the target's one token
-            return self.plain_step(n_cached, shadow=asked == 0)
-        # 1. Propose: a tree of candidate continuations
         t0 = time.perf_counter()
+        budget = min(self.budget.budget(), self.max_new_tokens - self.trace.n_generated - 1, self.cache.room() - 1)
+        if budget <= 0:                                   # no tree this step: the target's one token
+            return self.plain_step(n_cached, t0)
+        # 1. Propose: a tree of candidate continuations
         proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator).limit(budget)
         tree, nodes = proposal.as_tree(), proposal.tokens.cpu()                              # (N,)
         # 2. Verify: root + every node in one forward, each node seeing only its ancestors
@@ -100,14 +104,11 @@ class TreeDecoder(Decoder):
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
 
-    def plain_step(self, n_cached: int, shadow: bool) -> Step:
-        """A step without a tree (budget 0): the root alone through the target, its token picked as the acceptance
-        of an empty tree picks it (so, the token plain decoding picks), and nothing to compact. With `shadow` (the
-        policy chose the plain step), the drafter may propose unverified first (decoding/base.py). No proposal,
-        tree or path is built for it, so beside plain decoding's step it costs only the budget's choice and the
-        shadows (data/bench/plain_step_cost_amd-epyc-zen5)."""
-        t0 = time.perf_counter()
-        n_shadow = self._shadow(self.budget, self.drafter) if shadow else 0
+    def plain_step(self, n_cached: int, t0: float) -> Step:
+        """A step without a tree (budget 0), begun at t0: the root alone through the target, its token picked as
+        the acceptance of an empty tree picks it (so, the token plain decoding picks), and nothing to compact. No
+        proposal, tree or path is built for it, so beside plain decoding's step it costs only the budget's
+        choice."""
         t1 = time.perf_counter()
         hidden, logits = self.verify(NO_TREE, NO_NODES, n_cached)                       # (1, F), (1, V)
         t2 = time.perf_counter()
@@ -116,8 +117,7 @@ class TreeDecoder(Decoder):
             self.drafter.verdict(argmax(logits))                                         # (1,)
         self.drafter.commit(n_cached + 1, hidden)            # the cache holds the root already, as plain decoding's
         new_tokens = self._commit([acc.next_token])
-        step = Step([], 0, acc.next_token, acc.bonus, t1 - t0, t2 - t1, [], [], parents=[], path=[], asked=0,
-                    shadow=n_shadow)
+        step = Step([], 0, acc.next_token, acc.bonus, t1 - t0, t2 - t1, [], [], parents=[], path=[], asked=0)
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
 
@@ -157,7 +157,7 @@ class TreeDecoder(Decoder):
 
 
 def tree_generate(target: Transformer | TreeTarget, drafter: Drafter, prompt_ids: torch.Tensor, max_new_tokens: int,
-                  budget: int | Budget = 32, sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
+                  budget: int | BudgetPolicy = 32, sampling: SamplingConfig = GREEDY, eos_token_ids: tuple[int, ...] = (),
                   seed: int | None = None, accept_rule: AcceptRule | None = None) -> Generation:
     """Decode up to max_new_tokens after prompt_ids (T,) with a tree drafter proposing up to `budget` nodes a step."""
     return TreeDecoder(target, drafter, prompt_ids, max_new_tokens, budget, sampling, eos_token_ids, seed,

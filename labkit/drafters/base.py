@@ -18,11 +18,12 @@ A drafter that learns from the target's verdict on every node it proposed, accep
 A drafter whose proposals list their nodes best first, so that a proposal cut to its first n nodes
 is the proposal it would have made with budget n (a chain; suffix decoding's and EAGLE-2's trees;
 Medusa's greedy static tree), sets `best_first`: the tree loop's cost-aware budget
-(core/tree_budget.py) judges every smaller budget from one step only for such a drafter.
+(tuning/tree_budget.py) judges every smaller budget from one step only for such a drafter.
 
 A drafter that drafts its tree on the target's device (EAGLE-2's, eagle_device.py) sets `drafts_on_device` and
 has `propose_on_device(tokens, k)`: the compiled tree loop then keeps the tree there and reads it back with its one
-sync; `propose` stays the interface of every other loop.
+sync; `propose` stays the interface of every other loop. The compiled chain loop asks `device_parts()` what it
+may run on the device (a draft model) and what proposes on the host; no loop names a drafter's class.
 
 A drafter with state (a KV cache) drops what was rejected in `commit`. A drafter that reads the
 target's features (Medusa, EAGLE) says so with `reads_features`: only the tree loop, which runs
@@ -119,6 +120,12 @@ class Drafter(ABC):
 
     def check_target(self, target) -> None:
         """Raise ValueError, saying what to do, when this drafter cannot draft for `target`."""
+
+    def device_parts(self) -> tuple:
+        """For the compiled chain loop (decoding/compiled.py): (a draft model it may run on the device with static
+        caches, or None; the drafter whose proposals it reads on the host, or None). By default the whole drafter
+        proposes on the host; one that cannot run there raises ValueError saying what would."""
+        return None, self
 
     def tree_target(self, target):
         """The tree loop's target as this drafter needs it (a TreeTarget): by default the one given, whose features

@@ -74,6 +74,16 @@ class DraftModelDrafter(Drafter):
         check_draft_model(target, self.model)
 
     @torch.no_grad()
+    def device_parts(self) -> tuple:
+        """The compiled loop drafts with this model on the device: the textbook draft only."""
+        if self.window is not None or self.stop_below is not None or self.head is not None \
+                or self.opening is not None or self.eos_token_ids:
+            raise ValueError("the draft model reads a window of the context, scores a vocabulary of its own, copies "
+                             "in an opening or stops early: the compiled draft reads the whole context and drafts k "
+                             "tokens every step, so build the drafter as DraftModelDrafter(model) (no window, vocab, "
+                             "stop_below, eos_token_ids or opening)")
+        return self.model, None
+
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """Read the prompt but its last token (or, with a window, its sinks and last W) now, as the target
         does: the draft's own prefill is counted with the prefill, not with the first step's drafting. An

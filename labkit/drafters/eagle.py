@@ -21,10 +21,9 @@ Nor need the head read a long prompt whole. With `window=W` a catch-up of more t
 pairs (the prompt, at the first proposal) reads the first `sinks` pairs and the last W only, each at its
 own position, so the head's first proposal costs the same whatever the prompt's length; the pairs it
 skipped are never read. The target verifies against everything, so the output is unchanged; only how
-often the head is right can change. The bench and the command line read HEAD_WINDOW pairs: on an AVX-512 EPYC
-the head's first reading of a 955-token prompt cost 0.098 s whole and 0.038 s with 4 + 256 pairs, and on
-long-prompt questions the head's trees were no more often right reading them whole
-(data/bench/head_window_amd-epyc-zen5.md).
+often the head is right can change. The bench and the command line read HEAD_WINDOW pairs: reading a long prompt whole
+costs the head's first proposal more, and on the lab's long-prompt questions its trees were no more often
+right for it (data/bench/head_window_amd-epyc-zen5.md).
 """
 from __future__ import annotations
 

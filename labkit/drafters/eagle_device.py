@@ -82,7 +82,7 @@ class DeviceEagleDrafter(EagleDrafter):
         if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2):
             raise ValueError(f"max_len must be an integer >= 2 (the longest sequence drafted for), got {max_len!r}")
         self.max_len = (max_len or target.max_seq_len) + max(self.catch_rows, self.n_fed)
-        p = head.norm.weight
+        p = head.block.post_attention_layernorm.weight
         self.static_cache = StaticKVCache(1, 1, a.n_kv_heads, self.max_len, a.head_dim, p.dtype, dev)
         self.slot_ids = torch.arange(self.max_len, device=dev)                     # (S,)
         self.rows = torch.arange(self.catch_rows, device=dev)                      # (C,)

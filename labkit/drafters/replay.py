@@ -144,9 +144,6 @@ class _FollowsReplay:
             n += 1
         return max(1, n)
 
-    def shadow_size(self) -> int:                 # an eager loop asks on a plain step: the recording has no shadows
-        return 0
-
 
 class ReplayedGamma(_FollowsReplay, GammaPolicy):
     """The chain loops' policy replaying a recorded run's γ choices, plain steps included (ReplayDrafter's)."""
@@ -187,6 +184,12 @@ class PacedDrafter(Drafter):
     def check_target(self, target) -> None:
         self.tokens_from.check_target(target)
         self.paced_by.check_target(target)
+
+    def device_parts(self) -> tuple:
+        """Paced by a draft model: the compiled loop runs that model on the device for its cost and reads the
+        tokens of `tokens_from` on the host; paced by anything else, the whole drafter runs on the host."""
+        model, host = self.paced_by.device_parts()
+        return (model, self.tokens_from) if model is not None and host is None else (None, self)
 
     def tree_target(self, target):
         return self.paced_by.tree_target(target)          # the features the pacing drafter reads (EAGLE-3's taps)

@@ -2,12 +2,11 @@
 
 A draft that reads the whole prompt guesses better on long prompts (it can copy from them), but
 reading a long prompt costs a draft prefill the target's decoding must earn back. What it earns
-grows with the answer's length: on the lab's long-prompt questions, at a fixed γ = 4 on an Intel
-Xeon with AMX, a draft reading the whole context instead of a 64-token window shortened the decode
-phase by 0.45 of a target step per new token, pooled over the nine questions (from none on a
-6-token answer to 0.92; scripts/draft_window.py, data/bench/draft_window_intel-xeon_avx512-bf16-amx.json).
-What it costs is the draft's seconds per prompt token, which the CPU's kernels decide (a prefill is
-many rows at once, where AMX tiles and plain AVX2 differ most; docs/forward-paths.md).
+grows with the answer's length: every drafted token is a little likelier to be right, so the saving is
+a share of a target step per new token (measured on the lab's long-prompt questions by
+scripts/draft_window.py; docs/benchmark.md). What it costs is the draft's seconds per prompt token, which
+the CPU's kernels decide (a prefill is many rows at once, where AMX tiles and plain AVX2 differ most;
+docs/forward-paths.md).
 
 `AutoWindow` measures both sides of that trade on this machine once (the draft reading 256 tokens,
 the target's one-token step after 256 cached ones) and, per prompt, lets the draft read everything
@@ -17,10 +16,10 @@ when the extra reading costs at most `SAVING` target steps per token it may gene
 
 and the window otherwise. SAVING is below the measured saving, since answers often end before
 max_new_tokens (the bound the rule uses) and a short answer earns back less. Nor can reading save more
-than drafting saves at all: where the draft's own step is dear (a 4-bit draft costs about 0.4 of a 4-bit
-target's step on an AVX2 EPYC, whose verify cost also grows fast with its width), even a draft that
-copies from the prompt (COPY_ALPHA of its tokens accepted) saves less than 0.3 of a step per token, and
-the rule uses that smaller saving (`most_saving`), from the draft's step time and the verify curve.
+than drafting saves at all: where the draft's own step is dear against the target's, or the verify cost
+grows fast with its width, even a draft that copies from the prompt (COPY_ALPHA of its tokens accepted)
+saves only a small share of a step per token, and the rule uses that smaller saving (`most_saving`), from
+the draft's step time and the verify curve.
 """
 from __future__ import annotations
 

@@ -404,8 +404,8 @@ def time_forwards(model, context: int, tokens: tuple[int, ...], repeats: int,
     (round robin), so a burst of load from another process on a shared machine slows one round of
     every T rather than all runs of one T. Each timed forward follows an untimed one of the same
     width, as a decoding loop's forwards follow each other: a one-token forward timed right after a
-    64-token one read 4-13% slow on a Xeon (AMX), which made every verify look cheaper against it than
-    the loop then found it.
+    wide one can read slow (the wide one's caches and clocks linger), which would make every verify look
+    cheaper against it than the loop then finds it.
     """
     runs = time_forward_runs(model, context, tokens, repeats, clock, progress)
     return {T: min(r) for T, r in runs.items()}     # the least disturbed run: the machine may be shared

@@ -2,11 +2,13 @@
 
 EAGLE-1/2 (`EagleHead`): the target's final hidden state f_t (the "feature" its LM head reads)
 is far more predictable than its next token. The head takes the pair (f_t, x_{t+1}), feature and
-the token it led to,
-    g_t = fc(concat(embed(x_{t+1}), f_t))             # (D,) the target's embedding, frozen
-    f̂_{t+1} = norm(Block(g_{<=t}))                   # one decoder layer with its own KV cache
-and reads the next token off f̂_{t+1} with the target's frozen LM head. Drafting continues on
-its own predicted features: (f̂_{t+1}, x_{t+2}) -> f̂_{t+2}, and so on.
+the token it led to, and is the layer of the reference code (SafeAILab/EAGLE, `cnets1.py`):
+    g_t = fc(concat(embed(x_{t+1}), f_t))             # (D,) a biased fc; the target's embedding, frozen
+    u = g_t + Attn(g_{<=t})                           # no input norm: fc's output is already the layer's input
+    f̂_{t+1} = u + MLP(post_attention_layernorm(u))   # one decoder layer with its own KV cache, no final norm
+and reads the next token off f̂_{t+1} with the target's frozen LM head (f_t is the target's normed
+final state, so the prediction needs no norm of its own). Drafting continues on its own predicted
+features: (f̂_{t+1}, x_{t+2}) -> f̂_{t+2}, and so on.
 
 EAGLE-3 (`Eagle3Head`) is the layer of the paper's reference code, as vLLM, SGLang and llama.cpp run
 it. Its input is the outputs of three target blocks, low, middle and high, concatenated and fused,
@@ -79,10 +81,9 @@ class FeatureHead(nn.Module):
     kind = ""
     args: ModelArgs
     block: nn.Module
-    norm: RMSNorm
 
     def new_cache(self, max_len: int, batch_size: int = 1, dtype=None, device=None) -> KVCache:
-        p = self.norm.weight                     # (the linear layers may be packed: see backends.py)
+        p = self.block.post_attention_layernorm.weight    # (the linear layers may be packed: see backends.py)
         return KVCache(1, batch_size, self.args.n_kv_heads, max_len, self.args.head_dim, dtype or p.dtype,
                        device or p.device)
 
@@ -109,9 +110,21 @@ class FeatureHead(nn.Module):
         return target
 
 
+class EagleLayer(Block):
+    """EAGLE-1's decoder layer: a standard block without its input norm (the reference's first layer has none)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__(args)
+        del self.input_layernorm
+
+    def forward(self, x, cos, sin, cache, layer, mask):
+        x = x + self.self_attn(x, cos, sin, cache, layer, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
 class EagleHead(FeatureHead):
-    """fc(concat(embedding, feature)) -> one decoder layer -> RMSNorm: the next feature. Embedding and LM head:
-    the target's."""
+    """fc(concat(embedding, feature)) -> one decoder layer without an input norm: the next feature, with no final
+    norm. Embedding and LM head: the target's."""
     kind = "eagle"
 
     def __init__(self, cfg: EagleConfig, vocab_size: int, max_seq_len: int = 4096):
@@ -119,8 +132,7 @@ class EagleHead(FeatureHead):
         self.cfg = cfg
         self.args = cfg.block_args(vocab_size, max_seq_len)
         self.fc = nn.Linear(2 * cfg.dim, cfg.dim, bias=True)
-        self.block = Block(self.args)
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.block = EagleLayer(self.args)
 
     def context(self, features: torch.Tensor) -> torch.Tensor:
         """The head's input (..., D) for a committed position from the target's features there: f_t itself."""
@@ -131,8 +143,8 @@ class EagleHead(FeatureHead):
         return self.fc(torch.cat([token_embeds, context], dim=-1))
 
     def output(self, a: torch.Tensor) -> torch.Tensor:
-        """What the head hands on from its layer's output a (..., D): the predicted feature, norm(a)."""
-        return self.norm(a)
+        """What the head hands on from its layer's output a (..., D): the predicted feature, a itself."""
+        return a
 
     def readout_input(self, out: torch.Tensor) -> torch.Tensor:
         """What the LM head reads from the head's output: the predicted feature itself."""
@@ -261,6 +273,10 @@ def load_eagle(path: str | Path, target: Transformer, head_class: type = EagleHe
     if kind != head_class.kind:
         loader = "labkit.models.eagle_heads.load_eagle3" if kind == "eagle3" else "labkit.models.eagle_heads.load_eagle"
         raise ValueError(f"{path} holds an {kind} head, not {head_class.kind}: load it with {loader}")
+    if kind == "eagle" and "norm.weight" in state:
+        raise ValueError(f"{path} holds an EAGLE head of labkit's earlier layer (an input norm and a final norm the "
+                         "reference has not), which this version does not run: use the shipped head or retrain it "
+                         "with `python -m labkit.training.train_eagle` (data/heads/README.md)")
     if kind == "eagle3" and "fuse.weight" in state:
         raise ValueError(f"{path} holds an EAGLE-3 head of labkit's earlier layer (a fuse in front of a standard "
                          "block), which this version does not run: use the shipped head or retrain it with "

@@ -2,9 +2,9 @@
 
 On the packed path each decoder block is about 25 small operations: norms, four linear layers, RoPE,
 the cache write, attention, two residual adds, and the views between them. Their kernels are fast;
-calling them from Python is not: some 10 µs each, so a 1-token step of the 0.5B draft (24 layers)
-spends about a quarter of its time between kernels (the 1.5B target a seventh, on an AVX2 EPYC in
-int4), and every speculative method pays it once per drafted token. `FusedBlocks` hands the whole stack of blocks to one C++ function that calls the same
+calling them from Python is not, so a 1-token step of a small draft spends a good share of its time
+between kernels (docs/forward-paths.md measures it), and every speculative method pays it once per
+drafted token. `FusedBlocks` hands the whole stack of blocks to one C++ function that calls the same
 kernels in the same order, so its output is the module-by-module forward's, bit for bit
 (tests/test_fused_blocks.py), and only the calling cost goes.
 
@@ -34,7 +34,7 @@ class FusedBlocks:
         args = model.args
         self.modules = [m for layer in model.layers for m in layer.modules()]   # whose hooks the modules' way runs
         # each module's own hook dicts (torch adds to and removes from these same dicts), gathered once: checking
-        # them is then one C-level pass, not a Python loop over some 300 modules (3 µs a forward, not 20)
+        # them is then one C-level pass, not a Python loop over some 300 modules
         self.hook_dicts = [d for m in self.modules for d in (m._forward_hooks, m._forward_pre_hooks)]
         self.shape = [args.n_heads, args.n_kv_heads, args.head_dim, args.hidden_dim]
         self.eps = args.norm_eps

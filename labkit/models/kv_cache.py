@@ -18,8 +18,8 @@ class KVCache:
     """Keys and values of all layers: (L, B, Hkv, S, hd) each, valid in slots [0, length).
 
     Nothing reads a slot before it is written, so the buffers are left unset: zeroing a whole context's slots
-    (112 MiB for the 1.5B target) cost each request 38 ms on a 2-core CPU, for slots most requests never reach
-    (data/bench/draft_opening_amd-epyc-avx2/request_setup.md). StaticKVCache, whose attention reads every slot
+    (112 MiB for the 1.5B target) would cost each request a pass over memory, for slots most requests never
+    reach (data/bench/draft_opening_amd-epyc-avx2/request_setup.md). StaticKVCache, whose attention reads every slot
     under a mask, zeroes them."""
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int,

@@ -148,8 +148,11 @@ def report(curves: dict[str, list[dict]], sources: list[str], taus: tuple[float,
                                                                  else None for t in taus}}   # None: never
     lines = ["# Data curve: held-out tokens per forward against training tokens", "",
              f"{facts['machine']}. Features: {facts['features']}.", "",
+             *[f"Re-run on {u['date']}: {', '.join(LABELS.get(h, h) for h in u['heads'])}, on {u['machine']}.\n"
+               for u in facts.get("updated", [])],
              "Tokens per target forward of a greedy chain (6 deep; Medusa's 4 heads deep), replayed at every root of the "
-             "held-out conversations (labkit/training/replay.py: what chain decoding measures, no target forward needed; "
+             "held-out conversations (labkit/training/replay.py: what chain decoding measures, no target forward "
+             "needed; "
              "sharegpt: chat, stdlib: code). Each point after the first resumes the head on new rows. Training-time "
              f"test: {facts.get('ttt_steps')} steps.", "",
              "| head | training tokens seen | " + " | ".join(f"{s} tok/fwd" for s in sources) + " | run seconds |",
@@ -170,6 +173,11 @@ def report(curves: dict[str, list[dict]], sources: list[str], taus: tuple[float,
     return data, "\n".join(lines) + "\n"
 
 
+def updated(earlier: dict[str, list[dict]], rerun: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """An earlier report's curves with the re-run heads' in their place (in the earlier order; new heads last)."""
+    return {h: rerun.get(h, rows) for h, rows in earlier.items()} | {h: r for h, r in rerun.items() if h not in earlier}
+
+
 def main(argv: list[str] | None = None) -> None:
     from ..models.calibrate import isa_label, load_average, machine
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -184,7 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="data/bench/data_curve")
     ap.add_argument("--taus", default="2.0,2.5,3.0")
     ap.add_argument("--report-only", action="store_true", help="redraw from the heads already in --work")
+    ap.add_argument("--update", action="store_true",
+                    help="re-run only --heads and keep the other heads' curves of --out's curve.json as they are")
     args = ap.parse_args(argv)
+    if args.update and args.report_only:
+        raise SystemExit("--update re-runs --heads and --report-only runs nothing: give one of them")
     points = [int(p) for p in args.points.split(",")]
     epochs = [float(e) for e in args.epochs.split(",")]
     epochs = epochs[0] if len(epochs) == 1 else epochs
@@ -199,19 +211,28 @@ def main(argv: list[str] | None = None) -> None:
                 print("$", " ".join(cmd[1:]), flush=True)
                 subprocess.run(cmd, check=True)
     curves = {h: read_curve(work / h) for h in heads}
+    out = Path(args.out)
+    earlier = json.loads((out / "curve.json").read_text()) if (out / "curve.json").is_file() else None
+    if args.update:
+        if earlier is None:
+            raise SystemExit(f"--update keeps the other heads of {out / 'curve.json'}, which does not exist: run "
+                             "without --update")
+        curves = updated(earlier["curves"], curves)
     sources = sorted({k for rows in curves.values() for r in rows for k in r}
                      - {"tokens_seen", "seconds", "ttt_steps", "step_acceptance"})
     m = machine()
     features_meta = json.loads((Path(args.features) / "meta.json").read_text())
-    out = Path(args.out)
-    kept = json.loads((out / "curve.json").read_text())["facts"] if args.report_only and (out / "curve.json").is_file() \
-        else None                                            # a redrawn report keeps the facts of the run it shows
+    kept = earlier["facts"] if args.report_only and earlier else None   # a redrawn report keeps its run's facts
     facts = kept or {"machine": f"{m['cpu']} ({isa_label(m)}), {m.get('threads', 2)} threads, training in {'bf16 autocast' if args.bf16 else 'fp32'}; load average "
                         f"{load_before[0]} before, {load_average()[0]} after",
              "features": f"{features_meta.get('model')}, {features_meta.get('corpus')}, blocks "
                          f"{features_meta.get('layers')}, computed in {features_meta.get('dtype')}",
              "epochs_per_run": epochs, "ttt_steps": args.ttt_steps, "points_rows": points,
              "seconds": round(time.perf_counter() - t0, 1)}
+    if args.update:                                          # the first run's facts, and what this one re-ran
+        facts = {**earlier["facts"], "updated": earlier["facts"].get("updated", []) + [
+            {"heads": heads, "machine": facts["machine"], "date": time.strftime("%Y-%m-%d"),
+             "seconds": facts["seconds"]}]}
     out.mkdir(parents=True, exist_ok=True)
     data, md = report(curves, sources, tuple(float(t) for t in args.taus.split(",")), facts)
     (out / "curve.json").write_text(json.dumps(data, indent=1) + "\n")

@@ -12,10 +12,8 @@ regression) and, through the target's frozen LM head, the target's own greedy to
 CPU economics: the cross-entropy runs over the *draft vocabulary* (every token the target
 produced on the training corpus, a few 10k of 151,936), which is also the vocabulary the drafter
 scores at inference. Training runs in fp32 by default: on an AVX2-only CPU bf16 matmuls over many
-rows are far slower than fp32 (a 4 x 256-token bf16 forward of the target ran at ~4 tokens/s, fp32
-at ~30). Where the CPU has bf16 dot products (AVX512_BF16, AMX) `--bf16` autocasts the forward and
-backward and runs about twice as fast (a (2040, 1536) x (1536, 15000) matmul: 0.51 s bf16, 1.08 s
-fp32 on 2 busy cores of an AMD EPYC with AVX512_BF16).
+rows are far slower than fp32. Where the CPU has bf16 dot products (AVX512_BF16, AMX) `--bf16`
+autocasts the forward and backward, which halves the bytes each matmul streams (docs/forward-paths.md).
 
 Every run ends with a replay of a greedy chain on the held-out rows (replay.py), recorded in the
 head's config.json next to the run: the data curve (data_curve.py) reads those records.
@@ -58,8 +56,10 @@ def provenance(config: dict) -> str:
             f"residual{' (normalised: norm_before_residual)' if config.get('norm_before_residual') else ''}, SwiGLU "
             f"width {config['hidden_dim']:,}; RMSNorm; its own LM head over the draft vocabulary, started from the "
             "target's rows; trained on tokens only"
-            if kind == "eagle3" else f"EAGLE-1 head: fc, one decoder layer (SwiGLU width {config['hidden_dim']:,}), "
-                                     "RMSNorm; trained to predict the next feature and token")
+            if kind == "eagle3" else f"EAGLE-1 head (the reference layer of SafeAILab's cnets1.py): a biased fc over "
+                                     "concat(embedding, feature), one decoder layer without an input norm (SwiGLU "
+                                     f"width {config['hidden_dim']:,}) whose output is the predicted feature, with no "
+                                     "final norm; trained to predict the next feature and token")
     lines = [f"# {'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} head for {config['base_model']}", "",
              "Made by `labkit/training/train_eagle.py` (self-distillation on the frozen target's features).", "",
              f"- {what}; {config['parameters'] / 1e6:.2f}M parameters stored in bf16 with the draft vocabulary "

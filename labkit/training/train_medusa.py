@@ -10,9 +10,8 @@ A sub-vocabulary makes CPU training affordable: a cross-entropy over all V = 151
 4 x 151936 x 1536 multiply-adds per position and head. The labels only ever take the values that
 occur in target_next on the training set (a few thousand tokens), so the loss is a softmax over
 those rows of the LM head, sliced once. Evaluation uses the full vocabulary, as the drafter does.
-Compute is fp32: this lab's AVX2 CPUs have no bf16 units (measured, 1 thread: a (1024, 1536) x
-(1536, 5000) matmul forward + backward takes 0.56 s in fp32 and 40 s in bf16; the 1.5B target's
-forward runs at 23 tok/s in fp32 and 3.3 tok/s in bf16). The weights are shipped in bf16.
+Compute is fp32 by default: a CPU without bf16 dot products (AVX2 only) runs bf16 matmuls many times
+slower than fp32 (docs/forward-paths.md). The weights are shipped in bf16.
 With ~10^4 held-in positions per (D, D) head, the blocks overfit after a few epochs: the held-out
 loss is measured every `eval_every` steps and the best weights are kept (early stopping).
 """

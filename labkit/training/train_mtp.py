@@ -1,8 +1,8 @@
 """Train one MTP model on the Shakespeare corpus: `python -m labkit.training.train_mtp --config data/mtp/configs/X.json`.
 
 Deterministic (seeded windows and init, one CPU thread), bf16 autocast on CPU unless the config's
-`train.precision` is "fp32" (on a CPU without native bf16, AVX2 only, autocast ran 10x slower:
-data/mtp/step_time.md), AdamW with warmup and cosine decay, tqdm progress. Writes
+`train.precision` is "fp32" (on a CPU without native bf16, AVX2 only, autocast runs many times
+slower: data/mtp/step_time.md), AdamW with warmup and cosine decay, tqdm progress. Writes
 <out>/<name>.safetensors (fp16 weights) and <out>/<name>.json: the config, the corpus provenance, the training curve, the compute spent, and
 the validation loss of the fp16 weights as shipped (what the tests reproduce).
 """

@@ -1,6 +1,6 @@
 """Whether a request drafts at all, from what drafting did on the earlier requests of the same workload.
 
-Inside one request the cost-aware policies (adaptive.py, tree_budget.py) learn how good a draft is only by
+Inside one request the cost-aware policies (gamma.py, tree_budget.py) learn how good a draft is only by
 trying it, and a draft model reads the whole prompt before its first guess. On a long prompt with a short
 answer that read alone can cost more than the draft then saves, whatever the policy decides afterwards. A
 serving loop sees many requests of one kind (a translation endpoint, a RAG assistant, a code completer), so it
@@ -16,8 +16,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .adaptive import VerifyCurve
-from .trace import Trace
+from ..core.adaptive import VerifyCurve
+from ..core.trace import Trace
 
 
 @dataclass(frozen=True)
