@@ -21,7 +21,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .core.textfile import check_regular, writable_dir
+from .files.textfile import check_regular, writable_dir
 
 NOTEBOOKS = "notebooks"
 OUT = Path("build") / "book"

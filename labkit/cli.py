@@ -245,7 +245,7 @@ def add_bench_parser(sub) -> None:
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     """The prompt text from --prompt, or --prompt-file (a file, or '-' for stdin)."""
-    from .core.textfile import MAX_BYTES, read_text
+    from .files.textfile import MAX_BYTES, read_text
     if prompt is not None and prompt_file is not None:
         raise ValueError("give either --prompt or --prompt-file, not both")
     if prompt_file == "-":
@@ -434,7 +434,7 @@ def cmd_train(a) -> int:
 
 def measurements() -> dict[str, Path]:
     """The checkout's measurement scripts, scripts/NAME.py, by NAME (they are not part of an installed package)."""
-    from .core.shipped import CHECKOUT
+    from .files.shipped import CHECKOUT
     folder = CHECKOUT / "scripts"
     if not folder.is_dir():
         raise ValueError(f"the measurement scripts live in a checkout's scripts/ folder, and {folder} is not there: "
@@ -578,7 +578,7 @@ def bench_report(a) -> int:
 
 def cmd_verify_cost(a) -> int:
     from .bench import verify_cost
-    from .core.textfile import writable_dir
+    from .files.textfile import writable_dir
     from .models.backends import PATHS, check_path
     paths = [p.strip() for p in a.paths.split(",") if p.strip()]
     if not paths:
@@ -619,8 +619,8 @@ EXPORT_FORMATS = {"speculators": "an EAGLE-3 head as vLLM serves it (speculators
 
 
 def cmd_export(a) -> int:
-    from .core.shipped import shipped
     from .export.vllm_medusa import export_vllm_medusa, medusa_config
+    from .files.shipped import shipped
     from .models.hub import resolve_model
     head = Path(a.head)
     if not head.is_dir() and (shipped("heads", must_exist=False) / a.head).is_dir():

@@ -35,11 +35,11 @@ from labkit import DraftModelDrafter, autoregressive_generate, speculative_gener
 from labkit.bench.methods import EAGLE_DEPTH, EAGLE_TOP_K, verify_curve
 from labkit.bench.questions import read_questions
 from labkit.bench.writer import markdown_table, subplots, write_outputs
-from labkit.core.shipped import shipped
 from labkit.decoding.tree import tree_generate
 from labkit.drafters.draft_model import DEFAULT_WINDOW
 from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.window import AutoWindow, WindowCosts
+from labkit.files.shipped import shipped
 from labkit.models.calibrate import (
     OthersCPU,
     isa_label,

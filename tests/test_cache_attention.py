@@ -1,4 +1,4 @@
-"""The Triton attention over a static cache (labkit/kernels/cache_attention.py) against torch's attention, and the
+"""The Triton attention over a static cache (kernels/cache_attention.py) against torch's attention, and the
 compiled loops running it.
 
 Without a GPU the kernel runs under Triton's interpreter (fp32 and fp16: the interpreter's bf16 tl.dot is wrong),
@@ -11,6 +11,9 @@ the benchmark (scripts/gpu_check.py runs it).
 import pytest
 import torch
 from conftest import tiny_model
+from labkit.kernels import HAVE_TRITON
+from labkit.kernels import cache_attention as ca
+from labkit.kernels.tree_attention import random_tree
 
 from labkit import autoregressive_generate
 from labkit.decoding.compiled import CompiledSpeculativeDecoder
@@ -21,9 +24,6 @@ from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.eagle_device import DeviceEagleDrafter
 from labkit.drafters.prompt_lookup import PromptLookupDrafter
 from labkit.drafters.suffix import SuffixDrafter
-from labkit.kernels import HAVE_TRITON
-from labkit.kernels import cache_attention as ca
-from labkit.kernels.tree_attention import random_tree
 from labkit.models.backends import attention_of, use_attention
 from labkit.models.eagle_heads import Eagle3Head, EagleConfig
 

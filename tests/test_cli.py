@@ -156,7 +156,7 @@ def test_measurements_run_from_the_one_command_line(capsys, monkeypatch):
         main(["measure", "roofline", "--help"])
     assert done.value.code == 0 and "--max-tokens" in capsys.readouterr().out
     assert main(["measure", "nothing"]) == 2 and "measure --list" in capsys.readouterr().err
-    import labkit.core.shipped as shipped
+    import labkit.files.shipped as shipped
     monkeypatch.setattr(shipped, "CHECKOUT", shipped.CHECKOUT / "not-a-checkout")
     assert main(["measure", "--list"]) == 2 and "clone the repository" in capsys.readouterr().err
 

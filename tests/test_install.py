@@ -15,7 +15,7 @@ CODE = """
 import json, sys, torch
 import labkit
 from labkit import DraftModelDrafter, speculative_generate, autoregressive_generate
-from labkit.core.shipped import shipped
+from labkit.files.shipped import shipped
 from labkit.kernels import cpu
 from labkit.models.transformer import ModelArgs, Transformer
 m = Transformer(ModelArgs(vocab_size=64, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=64)).init_random(std=0.3)
@@ -33,7 +33,8 @@ def installed(tmp_path_factory):
     source, target = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("site")
     for name in ("pyproject.toml", "README.md"):              # what the package is built from, copied: the build
         shutil.copy(ROOT / name, source / name)               # writes its build/ there, not into the checkout
-    shutil.copytree(ROOT / "labkit", source / "labkit", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("labkit", "kernels"):                     # kernels/ installs as labkit.kernels
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                            "--target", str(target), str(source)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

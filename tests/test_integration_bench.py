@@ -64,8 +64,8 @@ def test_llama_cpp_runs_the_exported_eagle3_head(tmp_path):
     from gguf import GGUFReader
     from transformers import AutoTokenizer
 
-    from labkit.core.shipped import shipped
     from labkit.export.llama_cpp import export_llama_cpp
+    from labkit.files.shipped import shipped
     from labkit.models.eagle_heads import read_eagle
     from labkit.models.hub import DEFAULT_TARGET, resolve_model
     head = shipped("heads", "eagle3-qwen2.5-coder-1.5b")

@@ -72,8 +72,8 @@ def test_bench_head_methods_are_exact_on_the_real_target(setup, name):
 def test_an_eagle3_head_reading_a_window_of_a_long_prompt_is_exact_on_the_real_target(setup):
     """The bench's heads read 4 + HEAD_WINDOW pairs of a long prompt: the output stays plain decoding's."""
     from labkit.bench.questions import read_questions
-    from labkit.core.shipped import shipped
     from labkit.drafters.eagle import HEAD_WINDOW
+    from labkit.files.shipped import shipped
     target, _, _ = setup
     question = read_questions(shipped("questions", "long_prompts.jsonl"), categories=["rag"])[0]
     ids = encode_prompt(target.tokenizer, question.prompt, chat_template=True)              # 479 tokens
@@ -91,10 +91,10 @@ def test_eagle3_trees_drafted_on_the_device_are_the_reference_trees_on_the_real_
     as EagleDrafter does, step for step, in the compiled tree loop (static cache, uncompiled on a CPU); exact. With
     a long prompt, both read the same window of it."""
     from labkit.bench.questions import read_questions
-    from labkit.core.shipped import shipped
     from labkit.decoding.compiled_tree import CompiledTreeDecoder
     from labkit.drafters.eagle import HEAD_WINDOW
     from labkit.drafters.eagle_device import DeviceEagleDrafter
+    from labkit.files.shipped import shipped
     target, ids, plain = setup
     n = N
     if window:

@@ -10,23 +10,32 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "labkit"
+CHECKOUT = Path(__file__).resolve().parents[1]
+ROOT = CHECKOUT / "labkit"
+# where each package's source lives: labkit/, except the kernels, at the checkout's top (pyproject's package-dir)
+SOURCES = {"labkit.kernels": CHECKOUT / "kernels", "labkit": ROOT}
 
-# lowest first: the math, the kernels, model and cache, drafters, decoding loops, the speed choices beside them,
-# training and export, presentation and hardware, benchmarks, the command line
-LAYERS = [("core",), ("kernels",), ("models",), ("drafters",), ("decoding",), ("tuning",), ("training", "export"),
-          ("viz", "hw"), ("bench",),
+# lowest first: the math and the lab's files, the kernels, model and cache, drafters, decoding loops, the speed
+# choices beside them, training and export, presentation and hardware, benchmarks, the command line
+LAYERS = [("core", "files"), ("kernels",), ("models",), ("drafters",), ("decoding",), ("tuning",),
+          ("training", "export"), ("viz", "hw"), ("bench",),
           ("cli", "lab", "book", "__main__", "__init__")]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    for package, folder in SOURCES.items():
+        if path.is_relative_to(folder):
+            parts = package.split(".") + list(path.relative_to(folder).with_suffix("").parts)
+            return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    raise AssertionError(f"{path} is in no package folder")
 
 
 def source(mod: str) -> Path:
     """Where a labkit module or package would live."""
+    for package, folder in SOURCES.items():
+        if mod == package or mod.startswith(package + "."):
+            return folder.joinpath(*mod.split(".")[len(package.split(".")):])
     return ROOT.parent.joinpath(*mod.split("."))
 
 
@@ -53,7 +62,19 @@ def imports(path: Path) -> set[str]:
     return found - {mod}
 
 
-GRAPH = {module_name(p): imports(p) for p in sorted(ROOT.rglob("*.py"))}
+FILES = sorted(p for folder in SOURCES.values() for p in folder.rglob("*.py"))
+GRAPH = {module_name(p): imports(p) for p in FILES}
+
+
+def test_pyproject_installs_every_package_from_its_folder():
+    """The kernels live in kernels/ and install as labkit.kernels; every package folder is in pyproject's list."""
+    import tomllib
+    tool = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert tool["package-dir"] == {"labkit.kernels": "kernels"}
+    folders = {module_name(p) for p in FILES if p.name == "__init__.py"}
+    assert set(tool["packages"]) == folders, (f"add {sorted(folders - set(tool['packages']))} to / remove "
+                                              f"{sorted(set(tool['packages']) - folders)} from pyproject's packages")
+    assert not (ROOT / "kernels").exists(), "the kernels' sources are in kernels/ at the checkout's top"
 
 
 def layer(mod: str) -> int:
@@ -142,7 +163,7 @@ def test_every_drafter_lives_in_drafters_behind_one_interface():
 
 
 def test_shipped_data_is_found_in_one_place_and_its_absence_says_what_to_do(tmp_path, monkeypatch):
-    from labkit.core.shipped import CHECKOUT, shipped
+    from labkit.files.shipped import CHECKOUT, shipped
     assert shipped("heads", "medusa-qwen2.5-coder-1.5b") == CHECKOUT / "data" / "heads" / "medusa-qwen2.5-coder-1.5b"
     monkeypatch.setenv("LABKIT_DATA", str(tmp_path))
     assert shipped("bench", must_exist=False) == tmp_path / "bench"
@@ -150,4 +171,4 @@ def test_shipped_data_is_found_in_one_place_and_its_absence_says_what_to_do(tmp_
         shipped("heads")
     package = CHECKOUT / "labkit"
     others = [p for p in package.rglob("*.py") if p.name != "shipped.py" and "parents[2]" in p.read_text()]
-    assert not others, f"find shipped files through labkit.core.shipped, not parents[2]: {others}"
+    assert not others, f"find shipped files through labkit.files.shipped, not parents[2]: {others}"

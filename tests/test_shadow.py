@@ -131,9 +131,10 @@ def test_plain_steps_find_out_from_shadows_when_drafting_pays_and_verify_no_prob
 def test_a_cheap_chain_drafter_shadows_its_plain_steps_and_ends_its_warmup_after_one_draft(tiny_target):
     """Through the chain loop: a free, always-wrong draft is verified once (the first step times it), then every step
     is plain with a shadow; right after 40 tokens it drafts again within four steps (a tiny model's steps are timed,
-    and the shadows are paid from that time)."""
+    and the shadows are paid from that time). The verify curve is given, as the bench gives the machine's: fitted
+    from one run's steps, its slope rests on the first step's timing alone and moves the α that pays by chance."""
     def policy(drafter):
-        return Shadowed(CostAwareGamma(start=3, shadow_share=0.9), drafter)
+        return Shadowed(CostAwareGamma(start=3, shadow_share=0.9, verify_curve=STEP_CURVE), drafter)
     ref = autoregressive_generate(tiny_target, PROMPT, 96)
     answer, V = PROMPT.tolist() + ref.tokens, tiny_target.vocab_size
     oracle = Oracle(answer, 10**6, V)

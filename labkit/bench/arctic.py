@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from ..core.sampling import SamplingConfig
-from ..core.shipped import CHECKOUT
 from ..drafters.arctic_suffix import VERSION, ArcticSuffixDrafter, available, check_available
+from ..files.shipped import CHECKOUT
 
 __all__ = ["ArcticSuffixDrafter", "available", "check_available", "paths", "proposal_paths", "accepted", "replay",
            "recorded"]
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=int, default=24, help="tree nodes a step (the bench's suffix budget)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    from ..core.textfile import writable_dir
+    from ..files.textfile import writable_dir
     out = writable_dir(a.out, "--out")
     check_available()
     result = replay(recorded(Path(a.run)), a.budget)

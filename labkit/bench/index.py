@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.shipped import CHECKOUT
+from ..files.shipped import CHECKOUT
 
 ROOT = CHECKOUT                      # the checkout: its data/bench/ and every file that may cite an entry
 BENCH = ROOT / "data" / "bench"

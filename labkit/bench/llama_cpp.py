@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.shipped import CHECKOUT
+from ..files.shipped import CHECKOUT
 
 PROGRAMS = ("llama-completion", "llama-speculative-simple")
 BENCH = "llama-bench"

@@ -14,7 +14,6 @@ from typing import Callable
 import torch
 
 from ..core.adaptive import GammaPolicy, HeuristicGamma
-from ..core.shipped import shipped
 from ..decoding.compiled import MAX_GAMMA
 from ..decoding.loops import decode
 from ..decoding.speculative import Generation, speculative_generate
@@ -23,6 +22,7 @@ from ..drafters.draft_model import DEFAULT_WINDOW
 from ..drafters.opening import chat_opening
 from ..drafters.suffix import SuffixDrafter
 from ..drafters.window import AutoWindow, WindowCosts
+from ..files.shipped import shipped
 from ..models.layer_skip import CALIBRATION_TOKENS
 from ..tuning import CostAwareBudget, CostAwareGamma, DraftGate, Shadowed, drafting_paid
 from ..tuning.gate import one_token_step

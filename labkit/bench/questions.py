@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.textfile import read_text
+from ..files.textfile import read_text
 
 
 class QuestionFileError(ValueError):

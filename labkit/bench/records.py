@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from ..core.textfile import read_text
+from ..files.textfile import read_text
 
 RESULTS = "results.jsonl"
 MAX_RESULTS_BYTES = 1 << 30

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ..core.adaptive import expected_speedup
 from ..core.engine_counts import count_drafts
-from ..core.textfile import writable_dir
+from ..files.textfile import writable_dir
 from .methods import BASELINE, METHODS
 from .records import read_results
 from .runner import best_runs

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..core.textfile import writable_dir
 from ..decoding.loops import LOOPS
 from ..drafters.vocab import auto_vocab
+from ..files.textfile import writable_dir
 from ..models.layer_skip import CALIBRATION_TOKENS
 from .methods import (
     CROSS_DRAFT,

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from ..core.engine_counts import DraftCounts
-from ..core.textfile import read_text
+from ..files.textfile import read_text
 
 PREFIX = "vllm:spec_decode_num_"
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens", "accepted_tokens_per_pos")

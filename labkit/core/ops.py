@@ -1,7 +1,7 @@
 """The math of the Transformer's building blocks, as plain functions: RMSNorm, RoPE and SwiGLU.
 
 labkit's model wraps each in a module (models/layers.py) so that a forward path can swap in a fused kernel; the
-kernels (labkit/kernels/cpu) are tested against these functions.
+kernels (kernels/cpu) are tested against these functions.
 """
 from __future__ import annotations
 

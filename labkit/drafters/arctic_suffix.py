@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from ..core.sampling import SamplingConfig
-from ..core.shipped import CHECKOUT
 from ..core.tree import Tree
+from ..files.shipped import CHECKOUT
 from .base import Drafter, Proposal
 
 VERSION = "0.3.0"

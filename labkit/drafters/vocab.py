@@ -24,7 +24,7 @@ from functools import lru_cache, partial
 import torch
 import torch.nn as nn
 
-from ..core.shipped import shipped
+from ..files.shipped import shipped
 from ..models.backends import rows_of
 
 # vocab="auto" (the CLI's and the bench's default): the 32,768 most frequent ids where a ranking is shipped for the

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.textfile import writable_dir
+from ..files.textfile import writable_dir
 from ..models.eagle3_formats import FORMATS, LAYER, aux_layer_ids, target_tensor
 from ..models.eagle_heads import EagleConfig, read_eagle
 

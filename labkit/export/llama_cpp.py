@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..core.shipped import CHECKOUT
-from ..core.textfile import writable_dir
+from ..files.shipped import CHECKOUT
+from ..files.textfile import writable_dir
 from .eagle3 import export_eagle3
 
 CONVERTER = "convert_hf_to_gguf.py"

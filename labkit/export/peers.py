@@ -133,8 +133,8 @@ def markdown(record: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..core.shipped import shipped
-    from ..core.textfile import writable_dir
+    from ..files.shipped import shipped
+    from ..files.textfile import writable_dir
     from ..models.hub import resolve_model
     from ..models.loading import encode_prompt, load_model
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],

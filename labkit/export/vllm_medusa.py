@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.textfile import writable_dir
+from ..files.textfile import writable_dir
 from ..models.medusa_heads import CONFIG, WEIGHTS, MedusaHeads
 
 FORMAT = "vllm-medusa"

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..core.shipped import cache_dir  # noqa: F401  (the cache's place, re-exported)
+from ..files.shipped import cache_dir  # noqa: F401  (the cache's place, re-exported)
 
 
 @dataclass(frozen=True)

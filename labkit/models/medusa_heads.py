@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..core.shipped import shipped
+from ..files.shipped import shipped
 from .backends import swap_modules, weight_dtype
 
 
@@ -72,7 +72,7 @@ class MedusaHeads(nn.Module):
 # --- checkpoints -------------------------------------------------------------------------------------
 # <dir>/model.safetensors: blocks.{k}.linear.weight (D, D), .bias (D,), bf16 (~19 MB for 4 heads of D=1536);
 # <dir>/config.json: n_heads, dim, base_model, topk_accuracy, choices, training record; <dir>/PROVENANCE.md
-REPO_HEADS = shipped("heads", must_exist=False)     # the shipped heads (core/shipped.py)
+REPO_HEADS = shipped("heads", must_exist=False)     # the shipped heads (files/shipped.py)
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 

@@ -31,7 +31,7 @@ from typing import Iterator
 import torch
 from tqdm.auto import tqdm
 
-from ..core.shipped import shipped
+from ..files.shipped import shipped
 from ..models.hub import cache_dir
 from .corpus import is_englishish, sharegpt_records, sharegpt_wheel, stdlib_files
 
@@ -183,7 +183,7 @@ def ship(records: list[dict], meta: dict, tokenizer, out_dir: str | Path, name: 
     """The corpus as the lab ships it (data/distill/): every record with its answer as text beside its token ids
     (the ids stay the source of truth: decoding and re-encoding need not give them back), and its meta (the
     generation time: each batch's seconds, shared by its records, summed over records / batch size)."""
-    from ..core.textfile import writable_dir
+    from ..files.textfile import writable_dir
     out_dir = writable_dir(out_dir, "--ship")
     path = out_dir / f"{name}.jsonl"
     with path.open("w") as f:

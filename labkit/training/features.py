@@ -184,7 +184,7 @@ def measure_paths(model_name: str, specs: list[tuple[str, str]], batch_size: int
 
 def write_measurement(model_name: str, specs, batch_size: int, seq_len: int, layers: tuple[int, ...],
                       out_dir: Path | None = None) -> Path:
-    from ..core.shipped import shipped
+    from ..files.shipped import shipped
     from ..models.calibrate import isa_label, load_average, machine, machine_slug
     m, load_before = machine(), load_average()
     rows = measure_paths(model_name, specs, batch_size, seq_len, layers)

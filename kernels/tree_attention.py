@@ -32,7 +32,7 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     labkit.core.tree.Tree's transitive closure (repeated squaring: log2 N tensor ops, no Python loop
     over nodes). Build it once per tree: every layer's attention reuses it.
     """
-    from ..core.tree import Tree
+    from labkit.core.tree import Tree
     parents = check_parents(parents)
     return Tree(parents).mask.to(parents.device)
 

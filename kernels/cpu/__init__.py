@@ -84,7 +84,7 @@ def _build_tag(march: str = "native") -> str:
 
 
 def build_dir() -> Path:
-    from ...core.shipped import cache_dir
+    from labkit.files.shipped import cache_dir
     return cache_dir() / "kernels"
 
 
@@ -351,17 +351,17 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_ref(x, weight, eps):
-    from ...core.ops import rms_norm as ref
+    from labkit.core.ops import rms_norm as ref
     return ref(x, weight, eps)
 
 
 def rope_ref(x, cos, sin):
-    from ...core.ops import apply_rope
+    from labkit.core.ops import apply_rope
     return apply_rope(x, cos, sin)
 
 
 def silu_mul_ref(gate_up):
-    from ...core.ops import swiglu
+    from labkit.core.ops import swiglu
     return swiglu(gate_up)
 
 

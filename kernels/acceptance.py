@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.acceptance import Acceptance
+from labkit.core.acceptance import Acceptance
 
 try:
     import triton

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.acceptance import Acceptance
+from labkit.core.acceptance import Acceptance
+
 from . import acceptance as _acceptance
 from . import tree_attention as _tree
 from .acceptance import sample_next
