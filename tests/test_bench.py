@@ -531,3 +531,23 @@ def test_the_readme_counts_the_registry_s_methods():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     said = re.search(r"the bench's (\d+) methods", readme)
     assert said and int(said.group(1)) == len(METHODS), (said and said.group(0), len(METHODS))
+
+
+def test_every_method_a_command_in_the_docs_names_is_registered():
+    """`--method X` and `--methods X,Y` in the README, docs, notebooks, scripts and the results' READMEs name
+    registered methods, so a method renamed or removed leaves no command that no longer runs."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "README.md", root / "Makefile", *root.glob("docs/*.md"), *root.glob("notebooks/*.ipynb"),
+             *root.glob("scripts/*.py"), *root.glob("data/bench/**/README.md")]
+    unknown = {}
+    for path in files:
+        commands = [line for line in path.read_text().splitlines() if "error:" not in line]   # not the errors quoted
+        for names in re.findall(r"--methods? ([a-z0-9][a-z0-9,-]*)", "\n".join(commands)):
+            if names == "out":                                 # "leave --methods out"
+                continue
+            missing = [n for n in names.split(",") if n not in METHODS]
+            if missing:
+                unknown.setdefault(str(path.relative_to(root)), []).extend(missing)
+    assert len(files) > 10 and not unknown, unknown
