@@ -205,12 +205,15 @@ def add_verify_cost_parser(sub) -> None:
 
 
 def add_bench_parser(sub) -> None:
-    from .bench.methods import METHODS
+    from .bench.methods import METHODS, VARIANTS
     b = sub.add_parser("bench", help="Spec-Bench-style run of every method on a question file (resumable)")
     b.add_argument("--questions", default=None,
                    help="Spec-Bench jsonl: question_id, category, turns (--report-only: checked against the run's)")
     b.add_argument("--methods", default=None, help=f"comma-separated, from: {','.join(METHODS)} (default: all that "
                    "run on the target; medusa and eagle-* need the embedded target their heads were trained on)")
+    b.add_argument("--variant", default=None, metavar="NAMES",
+                   help=f"comma-separated ablations, from: {','.join(VARIANTS)}, each run beside the chosen methods "
+                   "it varies as METHOD-VARIANT (`python -m labkit methods` lists them)")
     b.add_argument("--categories", default=None, help="comma-separated categories to run (default: all)")
     b.add_argument("--limit", type=int, default=None, help="the first N questions only (after --categories)")
     b.add_argument("--max-new-tokens", type=int, default=64)
@@ -272,12 +275,14 @@ def make_drafter(kind: str, draft_model=None, eos_token_ids=(), window: int | st
     whose draft drafts every token; window "auto": weighed against target_model's step, measured when a prompt first
     outgrows the window, for answers of max_new_tokens)."""
     from .drafters import DraftModelDrafter, PromptLookupDrafter
+    from .drafters.draft_model import draft_reading
     from .drafters.window import AutoWindow, WindowCosts
     if kind == "lookup":
         return PromptLookupDrafter()
     if window == "auto":
         window = AutoWindow(partial(WindowCosts.measure, target_model, draft_model), max_new_tokens, DEFAULT_WINDOW)
-    return DraftModelDrafter(draft_model, eos_token_ids=eos_token_ids, window=window, vocab=vocab)
+    return DraftModelDrafter(draft_reading(draft_model, window, vocab, always=tuple(eos_token_ids)),
+                             eos_token_ids=eos_token_ids)
 
 
 def make_policy(name: str, gamma: int, compiled: bool = False, drafter=None):
@@ -337,17 +342,8 @@ def cmd_generate(a) -> int:
 
 def speed_choices(drafter) -> list[str]:
     """What a draft-model drafter does beyond the textbook's draft, in words (empty for the others)."""
-    from .drafters import DraftModelDrafter
-    if not isinstance(drafter, DraftModelDrafter):
-        return []
-    said = []
-    if drafter.window is not None:
-        said.append(f"the draft read at most the first {drafter.sinks} and the last {drafter.window} tokens of the "
-                    "context (--draft-window)")
-    if drafter.head is not None:
-        said.append(f"the draft scored {drafter.head.scored.numel():,} of its {drafter.model.vocab_size:,} token ids "
-                    "(--draft-vocab)")
-    return said
+    reading = getattr(drafter, "reading", None)               # a draft model's (drafters/reading.py)
+    return [] if reading is None else reading.choices()
 
 
 def show(a, out, target, draft, prompt, loop: str, settings: dict) -> None:
@@ -385,7 +381,7 @@ def generate_method(a, text: str) -> int:
     prompt, greedy, with the bench's settings; labkit's methods are drawn as --drafter's are, a peer's text printed."""
     import time
 
-    from .bench.methods import METHODS
+    from .bench.methods import method as registered
     from .bench.runner import BenchConfig, load_models
     from .models.loading import encode_prompt, load_model
     if a.temperature != 0:
@@ -397,7 +393,7 @@ def generate_method(a, text: str) -> int:
                          draft_window=resolve_window(a.draft_window, a.device, a.loop), loop=a.loop,
                          draft_vocab=resolve_vocab(a.draft_vocab, a.device, a.loop),
                          chat_template=not a.no_chat_template)
-    method = METHODS[a.method]                   # checked by BenchConfig (which adds the baseline to its list)
+    method = registered(a.method)                # checked by BenchConfig (which adds the baseline to its list)
     target = load_model(a.target, dtype, a.backend, a.max_seq_len, a.device, progress=not a.json)
     models = load_models(config, progress=not a.json, target=target)
     prompt = encode_prompt(target.tokenizer, text or "", not a.no_chat_template)
@@ -465,10 +461,14 @@ def cmd_measure(a) -> int:
 
 
 def cmd_methods(a) -> int:
-    from .bench.methods import METHODS
+    from .bench.methods import METHODS, VARIANTS
     for name, m in METHODS.items():
         needs = f" (needs: {', '.join(sorted(m.needs))})" if m.needs else ""
         print(f"{name:24s} {m.label.format(gamma='γ', lookup_tokens='n')}{needs}")
+    print("variants: bench --variant NAME runs METHOD-NAME beside each method it varies (generate --method "
+          "METHOD-NAME runs one)")
+    for name, v in VARIANTS.items():
+        print(f"{name:24s} {v.label}: {', '.join(v.of)}")
     return 0
 
 
@@ -541,7 +541,8 @@ def cmd_bench(a) -> int:
     config = BenchConfig(a.questions, a.out, split(a.methods), a.target, a.draft, dtype, a.max_new_tokens,
                          a.gamma, a.lookup_tokens, a.threads, not a.no_chat_template, split(a.categories), a.limit,
                          a.backend, a.device, a.draft_precision, resolve_window(a.draft_window, a.device, a.loop),
-                         a.loop, a.layer_skip_tokens, a.repeats, resolve_vocab(a.draft_vocab, a.device, a.loop))
+                         a.loop, a.layer_skip_tokens, a.repeats, resolve_vocab(a.draft_vocab, a.device, a.loop),
+                         split(a.variant) or [])
     existing = "append" if a.append else "replace" if a.force else "refuse"
     try:
         results = run_bench(config, existing=existing)

@@ -25,6 +25,7 @@ SIZES = (65536, 32768, 16384)
 
 def main() -> None:
     from labkit import DraftModelDrafter, autoregressive_generate, speculative_generate
+    from labkit.drafters.vocab import with_vocab
     from labkit.models.calibrate import isa_label, machine
     from labkit.models.loading import encode_prompt
     from labkit.tuning import CostAwareGamma, Shadowed
@@ -36,7 +37,8 @@ def main() -> None:
     target, draft, load_before = load_pair(a.precision)
     eos = target.eos_token_ids
     settings = {"all": None, **{str(k): k for k in a.sizes}}
-    drafters = {name: DraftModelDrafter(draft.model, eos_token_ids=eos, vocab=k) for name, k in settings.items()}
+    drafters = {name: DraftModelDrafter(with_vocab(draft.model, k, eos), eos_token_ids=eos)
+                for name, k in settings.items()}
 
     # one-token steps after 256 cached tokens: the target's, and each drafter's (hidden states + its head)
     context = torch.randint(0, 20000, (256,))

@@ -36,7 +36,7 @@ from labkit.bench.methods import EAGLE_DEPTH, EAGLE_TOP_K, verify_curve
 from labkit.bench.questions import read_questions
 from labkit.bench.writer import markdown_table, subplots, write_outputs
 from labkit.decoding.tree import tree_generate
-from labkit.drafters.draft_model import DEFAULT_WINDOW
+from labkit.drafters.draft_model import DEFAULT_WINDOW, draft_reading
 from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.window import AutoWindow, WindowCosts
 from labkit.files.shipped import shipped
@@ -86,11 +86,12 @@ def run_head(target, head, vocab, ids, window, n: int, curve: dict[int, float]) 
 
 def run_one(target, draft, ids, window, gamma: int, n: int, costs: WindowCosts | None = None) -> dict:
     chosen = AutoWindow(costs, n, DEFAULT_WINDOW) if window == "auto" else window
-    drafter = DraftModelDrafter(draft.model, eos_token_ids=target.eos_token_ids, window=chosen)
+    drafter = DraftModelDrafter(draft_reading(draft.model, chosen), eos_token_ids=target.eos_token_ids)
     out = speculative_generate(target.model, drafter, ids, n, gamma, eos_token_ids=target.eos_token_ids)
     t = out.trace
     proposed = sum(s.gamma for s in t.steps)
-    return {"window": window, "read": "all" if drafter.window is None else drafter.window,
+    read = getattr(drafter.reading, "window", None)                  # None: the whole context
+    return {"window": window, "read": "all" if read is None else read,
             "tokens": out.tokens, "seconds": t.total_time, "prefill": t.prefill_time,
             "draft": t.draft_time, "forwards": t.n_target_forwards,
             "accepted": sum(s.n_accepted for s in t.steps), "proposed": proposed}

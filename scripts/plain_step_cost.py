@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from labkit.bench.methods import METHODS
+from labkit.bench.methods import method
 from labkit.bench.questions import read_questions
 from labkit.bench.runner import BenchConfig, encode, load_models
 from labkit.bench.writer import markdown_table, write_outputs
@@ -50,7 +50,7 @@ def main() -> None:
     config = BenchConfig(questions=a.question_file, out=a.out, methods=names, dtype=a.dtype, backend="packed",
                          threads=a.threads)
     models = load_models(config, progress=False)
-    runs = {n: METHODS[n].build(models, config.max_new_tokens, config.gamma, config.lookup_tokens) for n in names}
+    runs = {n: method(n).build(models, config.max_new_tokens, config.gamma, config.lookup_tokens) for n in names}
     prompts = {q.question_id: encode(models, q, config.chat_template) for q in questions}
     best: dict[tuple[str, str], dict] = {}
     for r in range(a.rounds):

@@ -77,7 +77,7 @@ def instrument(parts: Parts, dec: CompiledTreeDecoder) -> None:
     """Every part of `CompiledTreeDecoder.step` but the line that syncs (its wait is what the parts leave over)."""
     drafter = dec.drafter
     parts.wrap(drafter.tokens_from, "propose", "propose: the replay's tokens (host)")
-    drafts = "propose_on_device" if drafter.paced_by.drafts_on_device else "propose"
+    drafts = "propose_on_device" if drafter.paced_by.needs.device == "tree" else "propose"
     parts.wrap(drafter.paced_by, drafts, f"propose: {drafter.paced_by.name}'s drafting")
     parts.wrap(Proposal, "limit", "proposal.limit")
     parts.wrap(Proposal, "as_tree", "proposal.as_tree")

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 def main() -> None:
     from labkit import DraftModelDrafter
+    from labkit.drafters.draft_model import draft_reading
     from labkit.drafters.opening import chat_opening
     from labkit.models.calibrate import isa_label, machine
     from labkit.models.loading import encode_prompt
@@ -52,8 +53,9 @@ def main() -> None:
         ms = {"whole": [], "opening": []}
         for _ in range(a.repeats):
             for how in ms:
-                drafter = DraftModelDrafter(draft.model, eos_token_ids=target.eos_token_ids, vocab="auto",
-                                            opening=opening if how == "opening" else None)
+                read = draft_reading(draft.model, vocab="auto", opening=opening if how == "opening" else None,
+                                     always=target.eos_token_ids)
+                drafter = DraftModelDrafter(read, eos_token_ids=target.eos_token_ids)
                 t0 = time.perf_counter()
                 drafter.start(ids)
                 ms[how].append((time.perf_counter() - t0) * 1e3)

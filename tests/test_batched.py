@@ -91,8 +91,7 @@ def test_batched_prompt_lookup_greedy_equals_each_row_alone(tiny_target, batch):
 def test_batched_draft_model_drafts_as_one_row_would(tiny_target, tiny_draft):
     """The draft model's batched proposals (one forward for all rows) equal its one-row proposals."""
     drafter, alone = DraftModelDrafter(tiny_draft), DraftModelDrafter(tiny_draft)
-    drafter.start_rows(PROMPTS[:4], max_len=64)
-    batched = drafter.propose_rows(PROMPTS[:4], [3, 0, 5, 1], SamplingConfig())
+    batched = drafter.rows(PROMPTS[:4], max_len=64).propose(PROMPTS[:4], [3, 0, 5, 1], SamplingConfig())
     for prompt, k, got in zip(PROMPTS[:4], [3, 0, 5, 1], batched):
         alone.start(prompt)
         want = alone.propose(prompt, k, SamplingConfig()) if k else None

@@ -7,7 +7,7 @@ import torch
 from conftest import save_tiny_checkpoint, tiny_tokenizer
 
 from labkit.bench import BenchConfig, read_questions, run_bench
-from labkit.bench.methods import METHODS, check_methods, default_methods
+from labkit.bench.methods import METHODS, VARIANTS, check_methods, default_methods, known, method, with_variants
 from labkit.bench.questions import QuestionFileError
 from labkit.bench.records import read_results
 from labkit.bench.report import (
@@ -429,9 +429,10 @@ def test_the_layer_skip_search_length_is_a_setting_that_keys_the_run(tmp_path):
 
 
 UNIT_METHODS = [n for n, m in METHODS.items() if m.needs <= {"draft"} and m.reference == "ar"]
+UNIT_VARIANTS = [f"{m}-{v.name}" for v in VARIANTS.values() for m in v.of]
 
 
-@pytest.mark.parametrize("name", UNIT_METHODS)
+@pytest.mark.parametrize("name", UNIT_METHODS + UNIT_VARIANTS)
 def test_every_registered_method_runs_and_the_exact_ones_equal_plain_decoding(pair, name):
     """Each line of METHODS that needs no trained head and no peer runs here on the tiny pair: one registry line
     puts a new method in the command line, the bench and this test."""
@@ -441,9 +442,9 @@ def test_every_registered_method_runs_and_the_exact_ones_equal_plain_decoding(pa
     models = load_models(config, progress=False)
     prompt = encode_prompt(models.target.tokenizer, "def add(a, b):\n    return a + b\n\ndef add(a, b):", False)
     plain = METHODS["ar"].build(models, 12, 3, 10)(prompt)
-    out = METHODS[name].build(models, 12, 3, 10)(prompt)
+    out = method(name).build(models, 12, 3, 10)(prompt)
     assert len(out.tokens) == len(plain.tokens) and out.generation is not None
-    if METHODS[name].exact:
+    if method(name).exact:
         assert out.tokens == plain.tokens
     assert out.target_forwards <= len(out.tokens) and out.generation.trace.n_generated == len(out.tokens)
 
@@ -547,7 +548,42 @@ def test_every_method_a_command_in_the_docs_names_is_registered():
         for names in re.findall(r"--methods? ([a-z0-9][a-z0-9,-]*)", "\n".join(commands)):
             if names == "out":                                 # "leave --methods out"
                 continue
-            missing = [n for n in names.split(",") if n not in METHODS]
+            missing = [n for n in names.split(",") if not known(n)]
             if missing:
                 unknown.setdefault(str(path.relative_to(root)), []).extend(missing)
     assert len(files) > 10 and not unknown, unknown
+
+
+def test_a_variant_runs_beside_the_method_it_varies_with_one_choice_changed(pair):
+    """`bench --variant`: each ablation is the method with one speed choice off, named METHOD-VARIANT, run after it;
+    a variant of a method it does not vary, or an unknown one, is refused with what would run."""
+    assert with_variants(["ar", "draft-cost-aware", "lookup"], ["whole", "gated"]) == \
+        ["ar", "draft-cost-aware", "draft-cost-aware-whole", "draft-cost-aware-gated", "lookup"]
+    assert check_methods(["draft-cost-aware-whole", "lookup", "draft-cost-aware"]) == \
+        ["ar", "draft-cost-aware", "draft-cost-aware-whole", "lookup"]
+    with pytest.raises(ValueError, match="varies none of the chosen methods: it varies gated: draft-cost-aware"):
+        with_variants(["lookup"], ["gated"])
+    with pytest.raises(ValueError, match="unknown variants"):
+        with_variants(["draft"], ["faster"])
+    assert not known("lookup-gated") and known("draft-rereads")
+    gated, whole = method("draft-cost-aware-gated"), method("draft-cost-aware-whole")
+    assert gated.per_workload and not METHODS["draft-cost-aware"].per_workload
+    assert whole.label == "labkit draft, cost-aware γ, reading the whole context" and whole.policy is \
+        METHODS["draft-cost-aware"].policy
+    from labkit.bench.runner import load_models
+    models = load_models(tiny_config(pair, "unused", methods=["draft"]), progress=False)
+    models.draft_window, models.draft_vocab = 8, torch.arange(16)
+    def reads(drafter):
+        return getattr(drafter.reading, "window", None), hasattr(drafter.reading, "head")
+    assert reads(METHODS["draft"].drafter(models, 12)) == (8, True)
+    for name, kept in (("whole", (None, True)), ("all-ids", (8, False))):
+        assert reads(method(f"draft-{name}").drafter(models, 12)) == kept, name
+    assert set(VARIANTS) == {"gated", "all-ids", "whole", "rereads"}
+
+
+def test_the_benchmark_page_names_every_method_and_variant():
+    """docs/benchmark.md lists the registry's methods and variants by name: a method added is a method described."""
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[1] / "docs" / "benchmark.md").read_text()
+    missing = [n for n in [*METHODS, *VARIANTS] if f"`{n}`" not in page]
+    assert not missing, f"docs/benchmark.md does not name {missing}"

@@ -131,6 +131,7 @@ def test_methods_lists_the_one_table_and_method_errors_say_what_to_do(ckpts, cap
     code, out, _ = run(capsys, "methods")
     names = [line.split()[0] for line in out.splitlines()]
     assert code == 0 and {"suffix", "lookahead", "medusa", "eagle3-tree", "llama-cpp"} <= set(names)
+    assert {"gated", "whole", "all-ids", "rereads"} <= set(names[names.index("variants:"):])
     code, _, err = generate(capsys, ckpts[0], "--method", "no-such")
     assert code == 2 and "unknown methods" in err and "suffix" in err
     code, _, err = generate(capsys, ckpts[0], "--method", "suffix", "--temperature", "1")

@@ -45,6 +45,8 @@ from labkit.decoding.compiled import (
     greedy_accept_on_device,
     speculative_accept_on_device,
 )
+from labkit.drafters import CutVocab, Windowed
+from labkit.drafters.base import Needs
 from labkit.drafters.replay import PacedDrafter, ReplayDrafter, ReplayedGamma
 from labkit.tuning import CostAwareGamma
 
@@ -356,15 +358,15 @@ def test_recorded_steps_load_from_a_committed_benchmark():
 
 
 class ReadsFeatures(PromptLookupDrafter):
-    reads_features = True                  # as Medusa and EAGLE do
+    needs = Needs(features=True)           # as Medusa and EAGLE do
 
 
 def test_bad_requests_say_what_to_do(pair):
     target, draft = pair
     with pytest.raises(ValueError, match="cuda_graph=True needs the model on a CUDA device"):
         CompiledSpeculativeDecoder(target, PromptLookupDrafter(), max_len=32, cuda_graph=True)
-    for drafter in (DraftModelDrafter(draft, window=16), DraftModelDrafter(draft, vocab=torch.arange(8))):
-        with pytest.raises(ValueError, match="no window, vocab, stop_below"):
+    for drafter in (DraftModelDrafter(Windowed(draft, 16)), DraftModelDrafter(CutVocab(draft, torch.arange(8)))):
+        with pytest.raises(ValueError, match=r"DraftModelDrafter\(model\) \(no wrapper, stop_below"):
             CompiledSpeculativeDecoder(target, drafter, max_len=32)
     with pytest.raises(ValueError, match="tree loop"):
         CompiledSpeculativeDecoder(target, ReadsFeatures(), max_len=32)

@@ -33,6 +33,7 @@ from labkit.decoding.compiled_tree import (
     tree_bucket,
 )
 from labkit.decoding.tree import tree_generate
+from labkit.drafters.base import Needs
 from labkit.drafters.draft_model import DraftModelDrafter
 from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.eagle_device import DeviceEagleDrafter
@@ -64,9 +65,7 @@ def medusa(target, seed=1):
 
 class ReadsOwnTarget(SuffixDrafter):
     name = "own-target"
-
-    def tree_target(self, target):                # as multi-token heads do (drafters/mtp_tree.py)
-        return object()
+    needs = Needs(best_first=True, target=lambda target: object())   # a target of its own, as MTP heads read
 
 
 def test_buckets_round_tree_sizes_up():
@@ -152,7 +151,7 @@ def test_a_replay_paced_by_medusa_heads_or_a_cost_reads_features_and_stays_exact
     for paced_by in (medusa(target), CostOnly(lambda: calls.append(1), "head")):
         replay = ReplayTreeDrafter(continuation, [(12, 2), (12, 4), (12, 0)], target.vocab_size)
         drafter = PacedDrafter(replay, paced_by)
-        assert drafter.reads_features == paced_by.reads_features
+        assert drafter.needs.features == paced_by.needs.features
         out = CompiledTreeDecoder(target, drafter, max_len=128).generate(prompt, 30, budget=12)
         assert out.tokens == continuation and not replay.diverged
     assert len(calls) == len(out.trace.steps)

@@ -5,8 +5,9 @@ import torch
 
 from labkit import GREEDY, DraftModelDrafter, autoregressive_generate, speculative_generate
 from labkit.decoding.loops import why_not_compiled
+from labkit.drafters import Windowed, draft_reading
 from labkit.drafters import opening as opening_module
-from labkit.drafters.opening import Opening, chat_opening
+from labkit.drafters.opening import Opening, OpeningCopied, chat_opening
 
 OPENING = torch.tensor([3, 14, 15, 9, 2])
 
@@ -27,7 +28,7 @@ class Counting:
 
 def test_the_copied_opening_holds_what_reading_the_prompt_puts_there(tiny_draft):
     prompt = torch.cat([OPENING, torch.tensor([40, 41, 7, 8])])
-    whole, opened = DraftModelDrafter(tiny_draft), DraftModelDrafter(tiny_draft, opening=OPENING)
+    whole, opened = DraftModelDrafter(tiny_draft), DraftModelDrafter(OpeningCopied(tiny_draft, OPENING))
     whole.start(prompt)
     opened.start(prompt)
     n = whole.cache.length
@@ -41,24 +42,24 @@ def test_the_draft_reads_only_what_follows_the_opening_and_the_opening_once(tiny
     counting = Counting(tiny_draft)
     opening_module._READ.pop(counting, None)
     for tail in ([40, 41, 7], [50, 51, 52, 53, 9], [60]):
-        drafter = DraftModelDrafter(counting, opening=OPENING)               # one drafter per request, as the bench
+        drafter = DraftModelDrafter(OpeningCopied(counting, OPENING))     # one drafter per request, as the bench
         drafter.start(torch.cat([OPENING, torch.tensor(tail)]))
     assert counting.read == [len(OPENING), 2, 4]         # the opening once; each prompt's rest but its last token
     counting.read.clear()
-    DraftModelDrafter(counting, opening=OPENING).start(torch.tensor([3, 14, 16, 9, 2, 40, 41]))
+    DraftModelDrafter(OpeningCopied(counting, OPENING)).start(torch.tensor([3, 14, 16, 9, 2, 40, 41]))
     assert counting.read == [6], "a prompt that does not start with the opening is read whole"
     counting.read.clear()
-    DraftModelDrafter(counting, opening=OPENING).start(torch.cat([OPENING, torch.tensor([40])]))
+    DraftModelDrafter(OpeningCopied(counting, OPENING)).start(torch.cat([OPENING, torch.tensor([40])]))
     assert counting.read == [], "a prompt that is the opening and one token needs no reading at all"
 
 
 def test_a_windowed_draft_keeps_its_sinks_from_the_opening(tiny_draft):
     prompt = torch.cat([OPENING, torch.arange(20, 60)])
-    opened = DraftModelDrafter(tiny_draft, window=8, sinks=4, opening=OPENING)
-    plain = DraftModelDrafter(tiny_draft, window=8, sinks=4)
+    opened = DraftModelDrafter(Windowed(OpeningCopied(tiny_draft, OPENING), 8, sinks=4))
+    plain = DraftModelDrafter(Windowed(tiny_draft, 8, sinks=4))
     opened.start(prompt)
     plain.start(prompt)
-    assert opened.cache.length == plain.cache.length == 12 and opened.skipped == plain.skipped
+    assert opened.cache.length == plain.cache.length == 12 and opened.reading.skipped == plain.reading.skipped
     torch.testing.assert_close(opened.next_logits(prompt[-1:]), plain.next_logits(prompt[-1:]))
 
 
@@ -68,11 +69,12 @@ def test_greedy_with_an_opening_equals_plain_decoding(tiny_target, tiny_draft, g
     for tail in ([6], [6, 5, 3], [9, 9, 1, 40, 2, 33, 12, 70, 4, 4, 18], [7]):
         prompt = torch.cat([OPENING, torch.tensor(tail)])
         ref = autoregressive_generate(tiny_target, prompt, 40)
-        out = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft, window=window, opening=OPENING),
+        out = speculative_generate(tiny_target, DraftModelDrafter(draft_reading(tiny_draft, window, opening=OPENING)),
                                    prompt, 40, gamma)
         assert out.tokens == ref.tokens
         # the target as its own draft, reading the whole context: a wrong opening in its cache would cost acceptance
-        own = speculative_generate(tiny_target, DraftModelDrafter(tiny_target, opening=OPENING), prompt, 40, gamma)
+        own_draft = DraftModelDrafter(OpeningCopied(tiny_target, OPENING))
+        own = speculative_generate(tiny_target, own_draft, prompt, 40, gamma)
         assert own.tokens == ref.tokens
         assert all(s.n_accepted == len(s.proposed) for s in own.trace.steps)
 
@@ -88,14 +90,14 @@ def test_drafters_of_one_model_share_the_openings_keys_and_values(tiny_draft):
                                        (torch.tensor([-1, 2]), "lie in"), (torch.tensor([96]), "lie in")])
 def test_a_bad_opening_is_refused_with_what_to_pass(tiny_draft, bad, match):
     with pytest.raises(ValueError, match=match):
-        DraftModelDrafter(tiny_draft, opening=bad)
+        OpeningCopied(tiny_draft, bad)
 
 
 def test_the_compiled_loop_and_batches_decline_an_opening_and_say_why(tiny_target, tiny_draft):
-    drafter = DraftModelDrafter(tiny_draft, opening=OPENING)
+    drafter = DraftModelDrafter(OpeningCopied(tiny_draft, OPENING))
     assert "opening" in why_not_compiled(tiny_target, drafter, 4, GREEDY, False)
-    with pytest.raises(ValueError, match="opening=None"):
-        drafter.start_rows([torch.tensor([1, 2, 3])], 64)
+    with pytest.raises(ValueError, match="batch the bare draft"):
+        drafter.rows([torch.tensor([1, 2, 3])], 64)
 
 
 def test_a_chat_templates_opening_is_what_every_prompt_starts_with():

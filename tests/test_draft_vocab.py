@@ -10,7 +10,7 @@ from test_sampling import CONFIGS, V, chi2_pvalues, exact_marginals, sampled_cou
 
 from labkit import GREEDY, DraftModelDrafter, autoregressive_generate, speculative_generate
 from labkit.decoding.loops import why_not_compiled
-from labkit.drafters.vocab import VocabHead, frequent_tokens, token_ranks
+from labkit.drafters.vocab import CutVocab, VocabHead, frequent_tokens, token_ranks, with_vocab
 from labkit.models.backends import apply_path, check_path, rows_of
 
 QWEN_VOCAB = 151936
@@ -57,26 +57,26 @@ def test_greedy_with_a_vocabulary_equals_plain_decoding_and_proposes_only_its_id
     ids = torch.arange(0, 96, 2)                                                   # every even id
     prompt = torch.tensor([3, 14, 15, 9, 2, 6])
     ref = autoregressive_generate(tiny_target, prompt, 40)
-    drafter = DraftModelDrafter(tiny_draft, vocab=ids)
+    drafter = DraftModelDrafter(CutVocab(tiny_draft, ids))
     proposed = []
     propose = drafter.propose
     drafter.propose = lambda *a, **k: proposed.append(p := propose(*a, **k)) or p
     out = speculative_generate(tiny_target, drafter, prompt, 40, gamma)
     assert out.tokens == ref.tokens
     drafted = torch.cat([p.tokens for p in proposed])
-    assert len(drafted) > 0 and torch.isin(drafted, drafter.head.scored).all()
+    assert len(drafted) > 0 and torch.isin(drafted, drafter.reading.head.scored).all()
     assert any(t % 2 for t in ref.tokens), "the answer holds ids outside the vocabulary: the target still emits them"
 
 
 def test_a_vocabulary_always_keeps_the_end_of_sequence_ids(tiny_draft):
-    drafter = DraftModelDrafter(tiny_draft, eos_token_ids=(7,), vocab=torch.tensor([1, 2, 3]))
-    assert drafter.head.ids.tolist() == [1, 2, 3, 7]
+    drafter = DraftModelDrafter(CutVocab(tiny_draft, torch.tensor([1, 2, 3]), always=(7,)), eos_token_ids=(7,))
+    assert drafter.reading.head.ids.tolist() == [1, 2, 3, 7]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS[:1], ids=["t1"])
 def test_speculative_sampling_with_a_vocabulary_matches_the_target_distribution(cfg):
     target, draft = tiny_model(seed=3, vocab_size=V, std=0.4), tiny_model(seed=4, vocab_size=V, std=0.4)
-    drafter = DraftModelDrafter(draft, vocab=torch.tensor([0, 2, 3, 5]))
+    drafter = DraftModelDrafter(CutVocab(draft, torch.tensor([0, 2, 3, 5])))
     counts = sampled_counts(target, drafter, cfg, gamma=2)
     assert min(chi2_pvalues(counts, exact_marginals(target, cfg))) > 1e-3
     assert counts.sum() == 3 * 3000 and np.all(counts.sum(1) == 3000)
@@ -99,29 +99,29 @@ def test_a_bad_vocabulary_is_refused_with_what_to_pass(tiny_draft, bad, match):
         if isinstance(bad, (int, float)):
             frequent_tokens(bad, vocab_size)
         else:
-            DraftModelDrafter(tiny_draft, vocab=bad)
+            DraftModelDrafter(CutVocab(tiny_draft, bad))
 
 
 def test_a_vocabulary_size_with_no_ranking_says_how_to_make_one(tiny_draft):
     with pytest.raises(ValueError, match="token_frequency.py"):
-        DraftModelDrafter(tiny_draft, vocab=1000)
+        DraftModelDrafter(CutVocab(tiny_draft, 1000))
 
 
 def test_the_compiled_loop_and_batches_decline_a_vocabulary_and_say_why(tiny_target, tiny_draft):
-    drafter = DraftModelDrafter(tiny_draft, vocab=torch.arange(10))
+    drafter = DraftModelDrafter(CutVocab(tiny_draft, torch.arange(10)))
     assert "vocabulary" in why_not_compiled(tiny_target, drafter, 4, GREEDY, False)
-    with pytest.raises(ValueError, match="vocab=None"):
-        drafter.start_rows([torch.tensor([1, 2, 3])], 64)
+    with pytest.raises(ValueError, match="batch the bare draft"):
+        drafter.rows([torch.tensor([1, 2, 3])], 64)
 
 
 def test_a_vocabulary_takes_in_each_prompts_ids_and_drops_the_last_ones(tiny_draft):
-    drafter = DraftModelDrafter(tiny_draft, vocab=torch.tensor([1, 2, 3]))
+    drafter = DraftModelDrafter(CutVocab(tiny_draft, torch.tensor([1, 2, 3])))
     drafter.start(torch.tensor([2, 40, 41, 40]))
-    assert drafter.head.scored.tolist() == [1, 2, 3, 40, 41]
+    assert drafter.reading.head.scored.tolist() == [1, 2, 3, 40, 41]
     logits = drafter.next_logits(torch.tensor([40]))
     assert torch.isfinite(logits).nonzero().flatten().tolist() == [1, 2, 3, 40, 41]
     drafter.start(torch.tensor([5, 6]))
-    assert drafter.head.scored.tolist() == [1, 2, 3, 5, 6]
+    assert drafter.reading.head.scored.tolist() == [1, 2, 3, 5, 6]
 
 
 def test_the_prompts_ids_are_cut_from_the_packed_head_bit_for_bit():
@@ -134,18 +134,20 @@ def test_the_prompts_ids_are_cut_from_the_packed_head_bit_for_bit():
 
 
 def test_drafters_of_one_model_and_vocabulary_share_the_cut_rows_and_not_the_prompts(tiny_draft):
-    a, b = (DraftModelDrafter(tiny_draft, vocab=torch.tensor([1, 2, 3])) for _ in range(2))
-    assert a.head.rows is b.head.rows
-    assert DraftModelDrafter(tiny_draft, vocab=torch.tensor([1, 2])).head.rows is not a.head.rows
+    a, b = (DraftModelDrafter(CutVocab(tiny_draft, torch.tensor([1, 2, 3]))) for _ in range(2))
+    assert a.reading.head.rows is b.reading.head.rows
+    assert DraftModelDrafter(CutVocab(tiny_draft, torch.tensor([1, 2]))).reading.head.rows is not a.reading.head.rows
     a.start(torch.tensor([9, 10]))
     b.start(torch.tensor([11]))
-    assert a.head.scored.tolist() == [1, 2, 3, 9, 10] and b.head.scored.tolist() == [1, 2, 3, 11]
+    assert a.reading.head.scored.tolist() == [1, 2, 3, 9, 10] and b.reading.head.scored.tolist() == [1, 2, 3, 11]
 
 
 def test_auto_is_the_default_size_where_a_ranking_is_shipped_and_every_id_where_none_is(tiny_draft):
     from labkit.drafters.vocab import DEFAULT_VOCAB, auto_vocab
     assert auto_vocab(QWEN_VOCAB) == DEFAULT_VOCAB and auto_vocab(tiny_draft.vocab_size) is None
-    assert DraftModelDrafter(tiny_draft, vocab="auto").head is None
+    assert with_vocab(tiny_draft, "auto") is tiny_draft and with_vocab(tiny_draft, None) is tiny_draft
+    with pytest.raises(ValueError, match="leave the draft model unwrapped"):
+        CutVocab(tiny_draft, "auto")
 
 
 def test_the_command_line_takes_auto_all_or_a_count_and_refuses_the_rest():

@@ -5,6 +5,7 @@ from conftest import tiny_model
 
 from labkit import autoregressive_generate
 from labkit.decoding.tree import tree_generate
+from labkit.drafters.base import tree_target
 from labkit.drafters.eagle import EagleDrafter
 from labkit.models.adapters import LayerTapsTarget, check_layers, default_layers, layer_taps
 from labkit.models.eagle_heads import Eagle3Head, EagleConfig, load_eagle, load_eagle3, save_eagle
@@ -70,7 +71,7 @@ def test_greedy_eagle3_decoding_equals_autoregressive(target, top_k, depth, budg
     prompt = torch.tensor([5, 17, 33, 2, 9, 11])
     drafter = EagleDrafter(head_for(target), target, top_k=top_k, depth=depth)
     assert drafter.name == ("eagle3-chain" if top_k == 1 else "eagle3-tree")
-    assert isinstance(drafter.tree_target(as_tree_target(target)), LayerTapsTarget)
+    assert isinstance(tree_target(drafter, as_tree_target(target)), LayerTapsTarget)
     out = tree_generate(target, drafter, prompt, 30, budget=budget)
     assert out.tokens == autoregressive_generate(target, prompt, 30).tokens
 

@@ -16,6 +16,7 @@ from labkit import (
     load_model,
     speculative_generate,
 )
+from labkit.drafters import CutVocab
 from labkit.models.hub import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from labkit.models.loading import encode_prompt
 from labkit.tuning import CostAwareGamma
@@ -70,19 +71,19 @@ def test_adaptive_greedy_equals_autoregressive(pair, policy):
 @pytest.mark.parametrize("vocab", [4096, "auto"])
 def test_a_draft_scoring_only_frequent_ids_equals_autoregressive(pair, vocab):
     target, draft, ids, ref = pair
-    drafter = DraftModelDrafter(draft.model, vocab=vocab)
-    assert drafter.head is not None and len(drafter.head.ids) <= (4096 if vocab == 4096 else 32768)
+    drafter = DraftModelDrafter(CutVocab(draft.model, vocab))
+    assert len(drafter.reading.head.ids) <= (4096 if vocab == 4096 else 32768)
     out = speculative_generate(target.model, drafter, ids, N, 4, eos_token_ids=target.eos_token_ids)
     assert out.tokens == ref.tokens
     assert out.trace.tokens_per_forward > 1.5, "the cut draft should still agree with the target often"
 
 
 def test_a_draft_copying_in_the_chat_opening_equals_autoregressive(pair):
-    from labkit.drafters.opening import chat_opening
+    from labkit.drafters.opening import OpeningCopied, chat_opening
     target, draft, ids, ref = pair
     opening = chat_opening(target.tokenizer)
     assert len(opening) == 24 and torch.equal(ids[:24], opening)                  # Qwen2.5's system turn and more
-    drafter = DraftModelDrafter(draft.model, opening=opening)
+    drafter = DraftModelDrafter(OpeningCopied(draft.model, opening))
     out = speculative_generate(target.model, drafter, ids, N, 4, eos_token_ids=target.eos_token_ids)
     assert out.tokens == ref.tokens
     assert out.trace.tokens_per_forward > 1.5, "the draft with the copied opening should agree as often as before"

@@ -53,16 +53,17 @@ def test_nothing_reads_a_slot_before_it_is_written(tiny_target, tiny_draft, monk
 
     from labkit import DraftModelDrafter, autoregressive_generate, speculative_generate
     from labkit.decoding.tree import tree_generate
+    from labkit.drafters import OpeningCopied, Windowed
     from labkit.models.backends import apply_path
 
     prompt = torch.tensor([3, 14, 15, 9, 2, 6])
     packed = apply_path(copy.deepcopy(tiny_target), "packed", "fp32")
-    drafter = lambda: DraftModelDrafter(tiny_draft, opening=prompt[:3])           # noqa: E731
+    drafter = lambda: DraftModelDrafter(OpeningCopied(tiny_draft, prompt[:3]))    # noqa: E731
     runs = {"plain": lambda: autoregressive_generate(tiny_target, prompt, 30).tokens,
             "packed": lambda: autoregressive_generate(packed, prompt, 30).tokens,
             "chain": lambda: speculative_generate(tiny_target, drafter(), prompt, 30, 4).tokens,
-            "window": lambda: speculative_generate(tiny_target, DraftModelDrafter(tiny_draft, window=4), prompt, 30,
-                                                   3).tokens,
+            "window": lambda: speculative_generate(tiny_target, DraftModelDrafter(Windowed(tiny_draft, 4)), prompt,
+                                                   30, 3).tokens,
             "tree": lambda: tree_generate(tiny_target, drafter(), prompt, 30, budget=4).tokens}
     clean = {name: run() for name, run in runs.items()}
     init = KVCache.__init__

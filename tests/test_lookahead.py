@@ -58,7 +58,7 @@ def test_the_update_harvests_each_column_and_shifts_the_levels():
     window = drafter.window.clone()                                       # (2, 3)
     proposal = drafter.propose(torch.arange(40, 60), 64, SamplingConfig())
     verdict = torch.arange(100, 101 + proposal.k)                         # a distinct "target token" after every node
-    drafter.verdict(verdict)
+    drafter.iterate(verdict)
     new = verdict[1 + drafter.cells[-1]]                                  # (3,)
     for i in range(3):
         assert (window[1, i].item(), new[i].item()) in drafter.pool.get(window[0, i].item())
@@ -72,7 +72,7 @@ def test_the_window_waits_when_it_does_not_fit_the_budget():
     drafter.start(torch.arange(20))
     assert drafter.propose(torch.arange(20), 7, SamplingConfig()).k == 0     # 8 window nodes > 7
     assert drafter.cells is None
-    drafter.verdict(torch.zeros(1, dtype=torch.long))                        # nothing to update
+    drafter.iterate(torch.zeros(1, dtype=torch.long))                        # nothing to update
     window = drafter.window.clone()
     drafter.commit(19 + 1)                                                   # one token, no level shift: 1 column
     assert torch.equal(drafter.window[:, :3], window[:, 1:])

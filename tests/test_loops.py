@@ -14,6 +14,7 @@ from labkit import (
 from labkit.core.tree_budget import FixedBudget
 from labkit.decoding.loops import choose_loop, decode, why_not_compiled
 from labkit.decoding.static import StaticDecoder
+from labkit.drafters import Windowed
 from labkit.models.checks import check_load_args, resolve_dtype
 from labkit.tuning import CostAwareGamma
 
@@ -44,7 +45,7 @@ def test_what_keeps_a_request_off_the_compiled_loop(pair):
     assert why_not_compiled(target, DraftModelDrafter(draft), 8, SAMPLED, False) is None
     assert why_not_compiled(target, SuffixDrafter(), 64, GREEDY, True) is None
     reasons = [why_not_compiled(target, None, 4, SAMPLED, False),
-               why_not_compiled(target, DraftModelDrafter(draft, window=16), 4, GREEDY, False),
+               why_not_compiled(target, DraftModelDrafter(Windowed(draft, 16)), 4, GREEDY, False),
                why_not_compiled(target, DraftModelDrafter(draft, eos_token_ids=(3,)), 4, GREEDY, False),
                why_not_compiled(target, PromptLookupDrafter(), 9, GREEDY, False),
                why_not_compiled(target, PromptLookupDrafter(), CostAwareGamma(4), GREEDY, False),
@@ -56,7 +57,7 @@ def test_what_keeps_a_request_off_the_compiled_loop(pair):
     assert why_not_compiled(target, SuffixDrafter(), FixedBudget(24), SAMPLED, True) is None      # top-k picks
     assert why_not_compiled(target, PromptLookupDrafter(), CostAwareGamma(4, max_gamma=8), GREEDY, False) is None
     with pytest.raises(ValueError, match="cannot decode this request: .*window.*loop='eager'"):
-        decode(target, DraftModelDrafter(draft, window=16), PROMPT, 8, loop="compiled")
+        decode(target, DraftModelDrafter(Windowed(draft, 16)), PROMPT, 8, loop="compiled")
 
 
 @pytest.mark.parametrize("which", ["plain", "draft", "lookup-policy", "suffix-tree", "sampled"])

@@ -10,7 +10,7 @@ from labkit.core.tree import Tree
 from labkit.core.tree_budget import FixedBudget
 from labkit.core.typical import typical_accept_rule
 from labkit.decoding.loops import why_not_compiled
-from labkit.drafters.base import Drafter, Proposal
+from labkit.drafters.base import Drafter, Needs, Proposal
 from labkit.tuning import CostAwareBudget, CostAwareGamma, Shadow, Shadowed
 
 
@@ -31,7 +31,7 @@ def test_a_shadow_follows_the_committed_tokens_down_one_branch_and_settles_at_a_
 class Sloppy(Drafter):
     """A tree after each position: the answer's next four tokens as a chain, with the third one wrong every other
     position, and a wrong sibling of the first; at no cost."""
-    name, best_first = "sloppy", True
+    name, needs = "sloppy", Needs(best_first=True)
 
     def __init__(self, answer: list[int], vocab_size: int):
         self.answer, self.vocab_size = answer, vocab_size

@@ -14,6 +14,7 @@ from labkit import (
     speculative_generate,
     tree_generate,
 )
+from labkit.drafters.window import Windowed
 from labkit.tuning import CostAwareGamma
 
 PROMPTS = [torch.tensor([5, 17, 33, 2, 9]), torch.tensor([1]), torch.tensor([7, 8, 9, 7, 8, 9, 7, 8])]
@@ -221,13 +222,13 @@ def test_cost_aware_gamma_takes_plain_steps_for_a_wrong_draft_and_drafts_again_o
 
 
 def test_a_windowed_draft_reads_the_sinks_and_the_last_tokens_and_stays_exact(tiny_target, tiny_draft):
-    """window=W: the draft's first forward reads the `sinks` first tokens and the last W of a long prompt, its
+    """Windowed(draft, W): the draft's first forward reads the `sinks` first tokens and the last W of a long prompt, its
     cache never holds more than sinks + 2W + γ tokens, and the output is the target's, token for token."""
     prompt = torch.arange(3, 3 + 120) % 90                                   # (120,)
     ref = autoregressive_generate(tiny_target, prompt, 80)
     fed, held = [], []
     hook = tiny_draft.register_forward_pre_hook(lambda mod, args: fed.append(args[0].shape[1]))
-    drafter = DraftModelDrafter(tiny_draft, window=16, sinks=4)
+    drafter = DraftModelDrafter(Windowed(tiny_draft, 16, sinks=4))
     commit = drafter.commit
 
     def watched(n, features=None):
@@ -243,15 +244,15 @@ def test_a_windowed_draft_reads_the_sinks_and_the_last_tokens_and_stays_exact(ti
     assert max(held) <= 4 + 2 * 16 + 3 and sum(f == 16 for f in fed[1:]) >= 3, "fresh windows as the text grew"
     whole = DraftModelDrafter(tiny_draft)                                    # no window: the prompt is read whole
     assert speculative_generate(tiny_target, whole, prompt, 8, gamma=3).tokens == ref.tokens[:8]
-    wide = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft, window=200), prompt, 40, gamma=3)
+    wide = speculative_generate(tiny_target, DraftModelDrafter(Windowed(tiny_draft, 200)), prompt, 40, gamma=3)
     plain = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft), prompt, 40, gamma=3)
     assert [s.proposed for s in wide.trace.steps] == [s.proposed for s in plain.trace.steps], \
         "a window wider than the context drafts as no window does"
     with pytest.raises(ValueError, match="window must be an integer >= 1"):
-        DraftModelDrafter(tiny_draft, window=0)
+        Windowed(tiny_draft, 0)
     with pytest.raises(ValueError, match="drafts one sequence at a time"):
         from labkit.decoding.batched import batched_speculative_generate
-        batched_speculative_generate(tiny_target, DraftModelDrafter(tiny_draft, window=8), [prompt], 4)
+        batched_speculative_generate(tiny_target, DraftModelDrafter(Windowed(tiny_draft, 8)), [prompt], 4)
 
 
 def test_the_auto_window_reads_the_whole_prompt_where_this_machine_reads_it_cheaply_enough(tiny_target, tiny_draft):
@@ -274,14 +275,14 @@ def test_the_auto_window_reads_the_whole_prompt_where_this_machine_reads_it_chea
     prompt = torch.arange(3, 3 + 120) % 90                                   # (120,)
     ref = autoregressive_generate(tiny_target, prompt, 40)
     for draft_cost, read in ((1e-6, None), (1.0, 16)):
-        drafter = DraftModelDrafter(tiny_draft, window=AutoWindow(WindowCosts(draft_cost, 0.01), 40, window=16))
+        drafter = DraftModelDrafter(Windowed(tiny_draft, AutoWindow(WindowCosts(draft_cost, 0.01), 40, window=16)))
         fed = []
         hook = tiny_draft.register_forward_pre_hook(lambda mod, args: fed.append(args[0].shape[1]))
         try:
             out = speculative_generate(tiny_target, drafter, prompt, 40, gamma=3)
         finally:
             hook.remove()
-        assert drafter.window == read and out.tokens == ref.tokens
+        assert drafter.reading.window == read and out.tokens == ref.tokens
         assert fed[0] == (119 if read is None else 4 + 16), f"the first draft forward read {fed[0]} tokens"
     measured = WindowCosts.measure(tiny_target, tiny_draft, context=32, repeats=1)
     assert measured.draft_seconds_per_token > 0 and measured.target_step_seconds > 0 and measured.draft_step_seconds > 0
@@ -328,7 +329,7 @@ def test_the_auto_window_measures_this_machine_only_when_a_prompt_outgrows_the_w
 
     prompt = torch.arange(3, 3 + 12) % 90                                    # (12,): fits the window
     lazy = AutoWindow(partial(WindowCosts.measure, tiny_target, tiny_draft), new_tokens=24, window=16)
-    out = speculative_generate(tiny_target, DraftModelDrafter(tiny_draft, window=lazy), prompt, 24, gamma=3)
+    out = speculative_generate(tiny_target, DraftModelDrafter(Windowed(tiny_draft, lazy)), prompt, 24, gamma=3)
     assert callable(lazy.costs), "a short prompt's decode measured nothing"
     assert out.tokens == autoregressive_generate(tiny_target, prompt, 24).tokens
 

@@ -10,7 +10,7 @@ from labkit.core.adaptive import VerifyCurve, VerifyTime
 from labkit.core.sampling import GREEDY
 from labkit.core.trace import Step
 from labkit.core.tree_budget import FixedBudget
-from labkit.drafters.base import Drafter, Proposal
+from labkit.drafters.base import Drafter, Needs, Proposal
 from labkit.drafters.eagle import EagleDrafter
 from labkit.drafters.lookahead import LookaheadDrafter
 from labkit.drafters.medusa import MedusaDrafter, medusa_tree
@@ -206,7 +206,7 @@ def started(name, target):
     drafter = TREE_DRAFTERS[name](target)
     with torch.no_grad():
         tree_target = as_tree_target(target)
-        features = tree_target.features(PROMPT[None, :-1], tree_target.new_cache()) if drafter.reads_features else None
+        features = tree_target.features(PROMPT[None, :-1], tree_target.new_cache()) if drafter.needs.features else None
     drafter.start(PROMPT, features)
     return drafter
 
@@ -215,7 +215,7 @@ def started(name, target):
 def test_the_first_n_nodes_of_a_best_first_proposal_are_its_proposal_with_budget_n(tiny_target, name):
     """What the counterfactual rests on: one verified tree of N nodes stands for every budget n <= N."""
     drafter = started(name, tiny_target)
-    assert drafter.best_first
+    assert drafter.needs.best_first
     big = drafter.propose(PROMPT, 32, GREEDY)
     assert big.k >= 8 and (name == "suffix" or not big.is_chain)
     for n in (1, 2, 3, 5, 8, big.k):
@@ -237,7 +237,7 @@ def test_a_drafter_not_listed_best_first_is_refused_a_cost_aware_budget(tiny_tar
     with pytest.raises(ValueError, match="best first"):
         tree_generate(tiny_target, LookaheadDrafter(), PROMPT, 8, budget=CostAwareBudget(max_budget=8))
     hand_written = MedusaDrafter(MedusaHeads(tiny_target.lm_head, 2), [(0, 0), (0,), (1,)])   # sorted by depth
-    assert not hand_written.best_first
+    assert not hand_written.needs.best_first
 
 
 def test_budgets_refuse_bad_values():
@@ -252,7 +252,7 @@ def test_budgets_refuse_bad_values():
 class Oracle(Drafter):
     """Proposes the known answer (a chain, at no cost), every token shifted to another until the sequence holds
     `until` tokens: always wrong, then always right."""
-    name, best_first = "oracle", True
+    name, needs = "oracle", Needs(best_first=True)
 
     def __init__(self, answer: list[int], until: int, vocab_size: int):
         self.answer, self.until, self.vocab_size = answer, until, vocab_size

@@ -1,5 +1,9 @@
 """What the benchmark runs: a registry of methods, each `run(prompt_ids) -> MethodResult`.
 
+A method of labkit's is data: a drafter factory, a γ or tree-budget policy and the loop that runs them
+("chain", "tree", or "gated": the chain loop behind a per-workload gate). Its ablations are variants
+(`VARIANTS`, `bench --variant NAME`): the same method with one speed choice turned off, named METHOD-NAME.
+
 labkit's decoders run on labkit's own model; the peers run transformers' `generate` on the
 same checkpoint (plain, `assistant_model=`, `prompt_lookup_num_tokens=`), and llama.cpp on the
 presets' GGUF files where `make llama-cpp` built it (`llama_cpp.py`). A new technique (Medusa,
@@ -8,7 +12,8 @@ EAGLE, MTP) plugs in as one more entry in METHODS.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Callable
 
 import torch
@@ -18,7 +23,7 @@ from ..decoding.compiled import MAX_GAMMA
 from ..decoding.loops import decode
 from ..decoding.speculative import Generation, speculative_generate
 from ..drafters import DraftModelDrafter, PromptLookupDrafter
-from ..drafters.draft_model import DEFAULT_WINDOW
+from ..drafters.draft_model import DEFAULT_WINDOW, draft_reading
 from ..drafters.opening import chat_opening
 from ..drafters.suffix import SuffixDrafter
 from ..drafters.window import AutoWindow, WindowCosts
@@ -104,11 +109,33 @@ class Method:
     label: str                           # what tables and plots call it
     needs: frozenset                     # of "draft", "hf", "hf_draft", "heads", "llama-cpp", "arctic", "cross_draft",
                                          # "hf_cross"
-    build: Callable                      # (Models, max_new_tokens, gamma, lookup_tokens) -> run(prompt_ids)
+    drafter: Callable | None = None      # (Models, max_new_tokens) -> a Drafter (a chain's made per question, a tree's
+                                         # once); None: plain decoding or a peer, whose `build` is given
+    policy: object = None                # chain: γ -> an int or GammaPolicy; tree: a node budget, or
+                                         # (Models, drafter) -> a budget policy made per question
+    loop: str = "chain"                  # "chain", "tree", "gated" (chain, behind a DraftGate per workload), "own"
+    build: Callable | None = None        # (Models, max_new_tokens, gamma, lookup_tokens) -> run(prompt_ids); made from
+                                         # drafter, policy and loop unless given
     reference: str = BASELINE            # the plain decoder of its own stack (exact methods must equal it)
     exact: bool = True                   # greedy output equals plain greedy decoding (in exact arithmetic)
-    tree: bool = False                   # proposes trees (its ideal speedup is the tree analogue, report.py)
-    per_workload: bool = False           # its run also takes `workload=`: what earlier requests of it taught
+
+    def __post_init__(self):
+        if self.loop not in LOOP_BUILDS and self.loop != "own":
+            raise ValueError(f"Method.loop must be one of {(*LOOP_BUILDS, 'own')}, got {self.loop!r}")
+        if self.build is None:
+            if self.loop == "own" or self.drafter is None:
+                raise ValueError(f"method {self.name}: give a drafter (and a policy) for loop {self.loop!r}, or build")
+            object.__setattr__(self, "build", LOOP_BUILDS[self.loop](self))
+
+    @property
+    def tree(self) -> bool:
+        """Proposes trees (its ideal speedup is the tree analogue, report.py)."""
+        return self.loop == "tree"
+
+    @property
+    def per_workload(self) -> bool:
+        """Its run also takes `workload=`: what earlier requests of it taught (the gate)."""
+        return self.loop == "gated"
 
 
 def from_generation(out: Generation) -> MethodResult:
@@ -123,8 +150,11 @@ def _autoregressive(m: Models, n: int, gamma: int, lookup_tokens: int):
     return lambda ids: from_generation(decode(m.target.model, None, ids, n, eos_token_ids=eos, loop=m.loop)[0])
 
 
-def _speculative(drafter: Callable[[Models, int], object], policy: Callable[[int], int | GammaPolicy]):
-    """A chain drafter, made per question by `drafter(models, max_new_tokens)`, with the γ (policy) of `policy`."""
+def _speculative(method: Method):
+    """A chain drafter, made per question by `method.drafter(models, max_new_tokens)`, with the γ (policy) of
+    `method.policy`."""
+    drafter, policy = method.drafter, method.policy
+
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
         eos = m.target.eos_token_ids
 
@@ -134,7 +164,7 @@ def _speculative(drafter: Callable[[Models, int], object], policy: Callable[[int
             kw = {"max_gamma": MAX_GAMMA} if capped else {}
             if policy is CostAwareGamma:                 # priced on this machine's verify curve, as the budgets are
                 kw["verify_curve"] = _verify_curve(m)
-                if drafter in DRAFT_MODEL_DRAFTERS and not m.compiled:                  # and its draft's step
+                if "draft" in method.needs and not m.compiled:              # and a draft model's measured step
                     costs = m.costs()
                     kw["known_costs"] = (costs.draft_step_seconds, costs.target_step_seconds)
             chosen, chain_drafter = policy(gamma, **kw), drafter(m, n)
@@ -146,12 +176,12 @@ def _speculative(drafter: Callable[[Models, int], object], policy: Callable[[int
     return build
 
 
-def _gated(drafter: Callable[[Models, int], object]):
-    """The drafter with the cost-aware γ, behind one DraftGate per workload (tuning/gate.py): a request drafts only
-    where drafting paid on the workload's last drafted request, the draft's reading of the prompt counted; the
-    others decode plain. The runner names the workload: the question's category, within one round."""
+def _gated(method: Method):
+    """The chain method behind one DraftGate per workload (tuning/gate.py): a request drafts only where drafting
+    paid on the workload's last drafted request, the draft's reading of the prompt counted; the others decode
+    plain. The runner names the workload: the question's category, within one round."""
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
-        speculative, plain = _speculative(drafter, CostAwareGamma)(m, n, gamma, lookup_tokens), \
+        speculative, plain = _speculative(method)(m, n, gamma, lookup_tokens), \
             _autoregressive(m, n, gamma, lookup_tokens)
         gates: dict = {}
 
@@ -174,32 +204,13 @@ def _gated(drafter: Callable[[Models, int], object]):
     return build
 
 
-def _draft_model(m: Models, n: int):
-    return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
-                             window=m.window(n), vocab=None if m.compiled else m.draft_vocab, opening=m.opening)
-
-
-def _draft_model_whole(m: Models, n: int):
-    """The draft model reading the whole context, whatever the run's window: what a window saves is measured."""
-    return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
-                             vocab=None if m.compiled else m.draft_vocab, opening=m.opening)
-
-
-def _draft_model_all_ids(m: Models, n: int):
-    """The draft model scoring every token id, whatever the run's vocabulary: what a vocabulary saves is measured."""
-    return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
-                             window=m.window(n), opening=m.opening)
-
-
-def _draft_model_rereads(m: Models, n: int):
-    """The draft model reading every prompt whole, the chat template's opening too: what the opening saves is
-    measured."""
-    return DraftModelDrafter(m.draft.model, eos_token_ids=() if m.compiled else m.target.eos_token_ids,
-                             window=m.window(n), vocab=None if m.compiled else m.draft_vocab)
-
-
-# the draft model's drafters, whose cost-aware γ starts from its measured step (Models.costs)
-DRAFT_MODEL_DRAFTERS = (_draft_model, _draft_model_whole, _draft_model_all_ids, _draft_model_rereads)
+def _draft_model(m: Models, n: int, window: bool = True, vocab: bool = True, opening: bool = True):
+    """The draft model with the run's speed choices: its window of the context, its vocabulary, the chat opening
+    read once (each off with False, as the variants measure what it saves; the compiled loops' draft has none)."""
+    eos = () if m.compiled else m.target.eos_token_ids
+    draft = draft_reading(m.draft.model, m.window(n) if window else None,
+                          m.draft_vocab if vocab and not m.compiled else None, m.opening if opening else None, eos)
+    return DraftModelDrafter(draft, eos_token_ids=eos)
 
 
 CROSS_DRAFT = "smollm2-135m-instruct"         # a draft with a tokenizer of its own (49,152 tokens)
@@ -221,7 +232,7 @@ def _lookup(m: Models, n: int):
 
 def _suffix(remember: bool, spec_factor: float = 2.0):
     """Suffix decoding; remember=True also indexes the answers to the earlier questions of the same run."""
-    return lambda m, n=None: SuffixDrafter(spec_factor=spec_factor, remember=remember)   # chain or tree loop
+    return lambda m, n=None: SuffixDrafter(spec_factor=spec_factor, remember=remember)
 
 
 def _arctic_suffix(m: Models, n=None):
@@ -233,7 +244,7 @@ def _arctic_suffix(m: Models, n=None):
 def _lookahead(window: int, ngram: int, max_verify: int, from_prompt: bool = False):
     """Lookahead decoding (W, N, G); from_prompt: the pool starts with the prompt's n-grams."""
     from ..drafters.lookahead import LookaheadDrafter
-    return lambda m: LookaheadDrafter(window, ngram, max_verify, pool_from_prompt=from_prompt)
+    return lambda m, n=None: LookaheadDrafter(window, ngram, max_verify, pool_from_prompt=from_prompt)
 
 
 _SKIP_SEARCHES: dict[int, object] = {}       # target model id -> its layer-skip search, run once a process
@@ -280,16 +291,21 @@ def _cost_aware(max_budget: int):
                                         drafter)
 
 
-def _tree(drafter: Callable[[Models], object], budget: int | Callable[[Models, object], object]):
-    """A tree drafter with `budget` nodes a step (or a fresh budget policy per question, made by
-    `budget(m, drafter)`); the drafter is built once, its heads loaded once."""
+def _tree(method: Method):
+    """A tree drafter with `method.policy` nodes a step (or a fresh budget policy per question, made by
+    `policy(m, drafter)`); the drafter is built once, its heads loaded once."""
+    budget = method.policy
+
     def build(m: Models, n: int, gamma: int, lookup_tokens: int):
-        eos, tree_drafter = m.target.eos_token_ids, drafter(m)
+        eos, tree_drafter = m.target.eos_token_ids, method.drafter(m, n)
         return lambda ids: from_generation(decode(m.target.model, tree_drafter, ids, n,
                                                   budget(m, tree_drafter) if callable(budget) else budget,
                                                   eos_token_ids=eos,
                                                   tree=True, loop=m.loop)[0])
     return build
+
+
+LOOP_BUILDS = {"chain": _speculative, "tree": _tree, "gated": _gated}
 
 
 def _llama_cpp(speculative: bool = False, eagle3: bool = False):
@@ -330,11 +346,11 @@ HEADS_TARGET = "qwen2.5-coder-1.5b-instruct"      # the target the shipped heads
 
 def check_target(methods: list[str], target: str) -> None:
     """The methods that only run on some targets, checked before any model loads."""
-    if target != HEADS_TARGET and any("heads" in METHODS[n].needs for n in methods):
+    if target != HEADS_TARGET and any("heads" in method(n).needs for n in methods):
         raise ValueError(f"the shipped Medusa/EAGLE heads were trained on {HEADS_TARGET}, not {target}: "
                          "leave medusa/eagle-* out of --methods, or train heads for this target "
                          "(data/heads/README.md)")
-    if any("llama-cpp" in METHODS[n].needs for n in methods):
+    if any("llama-cpp" in method(n).needs for n in methods):
         from .llama_cpp import check_model
         check_model(target)
 
@@ -347,7 +363,7 @@ def _eagle(top_k: int, depth: int, kind: str = "eagle"):
     """The shipped EAGLE-1 head (kind "eagle") or EAGLE-3 head ("eagle3"), drafting a tree or a chain; of a long
     prompt it reads the first 4 pairs and the last HEAD_WINDOW (drafters/eagle.py). On a GPU it drafts on the
     device, compiled and replayed as CUDA graphs (drafters/eagle_device.py)."""
-    def make(m: Models):
+    def make(m: Models, n=None):
         _check_heads_target(m)
         from ..drafters.eagle import HEAD_WINDOW, EagleDrafter
         from ..drafters.eagle_device import DeviceEagleDrafter
@@ -362,7 +378,7 @@ def _eagle(top_k: int, depth: int, kind: str = "eagle"):
     return make
 
 
-def _medusa(m: Models):
+def _medusa(m: Models, n=None):
     _check_heads_target(m)
     from ..drafters.medusa import MedusaDrafter
     from ..models.medusa_heads import load_medusa
@@ -427,72 +443,125 @@ MEDUSA_BUDGET, EAGLE_TOP_K, EAGLE_DEPTH, EAGLE_BUDGET, SUFFIX_BUDGET = 32, 8, 6,
 # lookahead (W Jacobi columns, n-grams of N, G verified: (N-1)(W+G) tree nodes at most): 12 nodes, which cost about
 # one 1-token forward on the AVX-512 CPUs measured (verify-cost), and a wider window nearer the paper's GPU settings
 LOOKAHEAD, LOOKAHEAD_WIDE = (3, 3, 3), (5, 4, 4)
+def _given(gamma: int) -> int:
+    """The run's --gamma, fixed."""
+    return gamma
+
+
 _D, _HF, _HFD, _H = frozenset({"draft"}), frozenset({"hf"}), frozenset({"hf", "hf_draft"}), frozenset({"heads"})
 _LC = frozenset({"llama-cpp"})
 _AR = frozenset({"arctic"})
 _X, _HFX = frozenset({"cross_draft"}), frozenset({"hf", "hf_cross", "cross_draft"})
+_OWN = dict(loop="own")
 METHODS: dict[str, Method] = {m.name: m for m in [
-    Method("ar", "labkit autoregressive", frozenset(), _autoregressive),
-    Method("draft", "labkit draft model, γ={gamma}", _D, _speculative(_draft_model, lambda g: g)),
-    Method("draft-heuristic", "labkit draft, heuristic γ", _D, _speculative(_draft_model, HeuristicGamma)),
-    Method("draft-cost-aware", "labkit draft, cost-aware γ", _D, _speculative(_draft_model, CostAwareGamma)),
-    Method("draft-cost-aware-gated", "labkit draft, cost-aware γ, gated per category", _D, _gated(_draft_model),
-           per_workload=True),
-    Method("draft-cost-aware-all-ids", "labkit draft scoring every token id, cost-aware γ", _D,
-           _speculative(_draft_model_all_ids, CostAwareGamma)),
-    Method("draft-cost-aware-whole", "labkit draft reading the whole context, cost-aware γ", _D,
-           _speculative(_draft_model_whole, CostAwareGamma)),
-    Method("draft-cost-aware-rereads", "labkit draft rereading the chat opening, cost-aware γ", _D,
-           _speculative(_draft_model_rereads, CostAwareGamma)),
-    Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _speculative(_lookup, lambda g: g)),
-    Method("lookup-cost-aware", "labkit prompt lookup, cost-aware γ", frozenset(),
-           _speculative(_lookup, CostAwareGamma)),
+    Method("ar", "labkit autoregressive", frozenset(), build=_autoregressive, **_OWN),
+    Method("draft", "labkit draft model, γ={gamma}", _D, _draft_model, _given),
+    Method("draft-heuristic", "labkit draft, heuristic γ", _D, _draft_model, HeuristicGamma),
+    Method("draft-cost-aware", "labkit draft, cost-aware γ", _D, _draft_model, CostAwareGamma),
+    Method("lookup", "labkit prompt lookup, γ={gamma}", frozenset(), _lookup, _given),
+    Method("lookup-cost-aware", "labkit prompt lookup, cost-aware γ", frozenset(), _lookup, CostAwareGamma),
     Method("cross-tokenizer", "labkit draft with another tokenizer (SmolLM2-135M), γ={gamma}", _X,
-           _speculative(_cross_tokenizer, lambda g: g)),
+           _cross_tokenizer, _given),
     Method("token-intersection", "labkit draft with another tokenizer, shared tokens only (SmolLM2-135M), γ={gamma}",
-           _X, _speculative(_token_intersection, lambda g: g)),
-    Method("layer-skip", "labkit layer-skip self-speculation (layers, γ searched here)", frozenset(), _layer_skip),
-    Method("suffix", "labkit suffix decoding (this request)", frozenset(), _tree(_suffix(False), SUFFIX_BUDGET),
-           tree=True),
+           _X, _token_intersection, _given),
+    Method("layer-skip", "labkit layer-skip self-speculation (layers, γ searched here)", frozenset(),
+           build=_layer_skip, **_OWN),
+    Method("suffix", "labkit suffix decoding (this request)", frozenset(), _suffix(False), SUFFIX_BUDGET, "tree"),
     Method("arctic-suffix", "Arctic Inference suffix decoding (this request), labkit's verify", _AR,
-           _tree(_arctic_suffix, SUFFIX_BUDGET), tree=True),
-    Method("suffix-global", "labkit suffix decoding (+ earlier answers)", frozenset(),
-           _tree(_suffix(True), SUFFIX_BUDGET), tree=True),
+           _arctic_suffix, SUFFIX_BUDGET, "tree"),
+    Method("suffix-global", "labkit suffix decoding (+ earlier answers)", frozenset(), _suffix(True), SUFFIX_BUDGET,
+           "tree"),
     Method("suffix-cost-aware", "labkit suffix decoding, trees up to 64 nodes, cost-aware budget", frozenset(),
-           _tree(_suffix(False, spec_factor=6.0), _cost_aware(64)), tree=True),
+           _suffix(False, spec_factor=6.0), _cost_aware(64), "tree"),
     Method("lookahead", "labkit lookahead decoding (W={}, N={}, G={})".format(*LOOKAHEAD), frozenset(),
-           _tree(_lookahead(*LOOKAHEAD), 64), tree=True),
+           _lookahead(*LOOKAHEAD), 64, "tree"),
     Method("lookahead-wide", "labkit lookahead decoding (W={}, N={}, G={})".format(*LOOKAHEAD_WIDE), frozenset(),
-           _tree(_lookahead(*LOOKAHEAD_WIDE), 64), tree=True),
+           _lookahead(*LOOKAHEAD_WIDE), 64, "tree"),
     Method("lookahead-prompt", "labkit lookahead decoding (W={}, N={}, G={}), pool seeded with the prompt's "
-           "n-grams".format(*LOOKAHEAD), frozenset(), _tree(_lookahead(*LOOKAHEAD, from_prompt=True), 64), tree=True),
-    Method("medusa", "labkit Medusa-1 heads, static tree", _H, _tree(_medusa, budget=MEDUSA_BUDGET), tree=True),
+           "n-grams".format(*LOOKAHEAD), frozenset(), _lookahead(*LOOKAHEAD, from_prompt=True), 64, "tree"),
+    Method("medusa", "labkit Medusa-1 heads, static tree", _H, _medusa, MEDUSA_BUDGET, "tree"),
     Method("medusa-cost-aware", "labkit Medusa-1 heads, trees up to 40 nodes, cost-aware budget", _H,
-           _tree(_medusa, _cost_aware(40)), tree=True),
-    Method("eagle-chain", "labkit EAGLE head, chain of 6", _H,
-           _tree(_eagle(top_k=1, depth=EAGLE_DEPTH), budget=EAGLE_DEPTH)),
-    Method("eagle-tree", "labkit EAGLE-2 dynamic tree", _H,
-           _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), budget=EAGLE_BUDGET), tree=True),
+           _medusa, _cost_aware(40), "tree"),
+    # a chain of EAGLE_DEPTH on the tree loop (which gives the features): not a tree method for the report
+    Method("eagle-chain", "labkit EAGLE head, chain of 6", _H, _eagle(top_k=1, depth=EAGLE_DEPTH), EAGLE_DEPTH,
+           "tree"),
+    Method("eagle-tree", "labkit EAGLE-2 dynamic tree", _H, _eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH),
+           EAGLE_BUDGET, "tree"),
     Method("eagle-cost-aware", "labkit EAGLE-2 dynamic tree, up to 64 nodes, cost-aware budget", _H,
-           _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), _cost_aware(64)), tree=True),
-    Method("eagle3-chain", "labkit EAGLE-3 head, chain of 6", _H,
-           _tree(_eagle(top_k=1, depth=EAGLE_DEPTH, kind="eagle3"), budget=EAGLE_DEPTH)),
+           _eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH), _cost_aware(64), "tree"),
+    Method("eagle3-chain", "labkit EAGLE-3 head, chain of 6", _H, _eagle(top_k=1, depth=EAGLE_DEPTH, kind="eagle3"),
+           EAGLE_DEPTH, "tree"),
     Method("eagle3-tree", "labkit EAGLE-3 head, EAGLE-2 dynamic tree", _H,
-           _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, kind="eagle3"), budget=EAGLE_BUDGET), tree=True),
+           _eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, kind="eagle3"), EAGLE_BUDGET, "tree"),
     Method("eagle3-cost-aware", "labkit EAGLE-3 head, dynamic tree up to 64 nodes, cost-aware budget", _H,
-           _tree(_eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, kind="eagle3"), _cost_aware(64)), tree=True),
-    Method("hf-generate", "transformers generate", _HF, _transformers(), PEER_BASELINE),
-    Method("hf-assisted", "transformers assisted", _HFD, _transformers(assisted=True), PEER_BASELINE),
+           _eagle(top_k=EAGLE_TOP_K, depth=EAGLE_DEPTH, kind="eagle3"), _cost_aware(64), "tree"),
+    Method("hf-generate", "transformers generate", _HF, build=_transformers(), reference=PEER_BASELINE, **_OWN),
+    Method("hf-assisted", "transformers assisted", _HFD, build=_transformers(assisted=True),
+           reference=PEER_BASELINE, **_OWN),
     Method("hf-assisted-uag", "transformers assisted, another tokenizer (SmolLM2-135M)", _HFX,
-           _transformers(cross=True), PEER_BASELINE),
-    Method("hf-lookup", "transformers prompt lookup, {lookup_tokens} tokens", _HF, _transformers(lookup=True),
-           PEER_BASELINE),
-    Method("llama-cpp", "llama.cpp autoregressive (Q4_K_M)", _LC, _llama_cpp(), LLAMA_BASELINE),
-    Method("llama-cpp-draft", "llama.cpp draft model, γ={gamma} (Q4_K_M)", _LC, _llama_cpp(speculative=True),
-           LLAMA_BASELINE),
+           build=_transformers(cross=True), reference=PEER_BASELINE, **_OWN),
+    Method("hf-lookup", "transformers prompt lookup, {lookup_tokens} tokens", _HF, build=_transformers(lookup=True),
+           reference=PEER_BASELINE, **_OWN),
+    Method("llama-cpp", "llama.cpp autoregressive (Q4_K_M)", _LC, build=_llama_cpp(), reference=LLAMA_BASELINE,
+           **_OWN),
+    Method("llama-cpp-draft", "llama.cpp draft model, γ={gamma} (Q4_K_M)", _LC, build=_llama_cpp(speculative=True),
+           reference=LLAMA_BASELINE, **_OWN),
     Method("llama-cpp-eagle3", "llama.cpp EAGLE-3 head (labkit's, exported), chain of 6 (Q4_K_M)", _LC | _H,
-           _llama_cpp(eagle3=True), LLAMA_BASELINE),
+           build=_llama_cpp(eagle3=True), reference=LLAMA_BASELINE, **_OWN),
 ]}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An ablation: a method with one speed choice changed, run beside it so that what the choice buys is measured
+    in the same run (`bench --variant NAME`). Its results are keyed METHOD-NAME."""
+    name: str
+    label: str                           # added to the method's label
+    of: tuple[str, ...]                  # the methods it varies
+    drafter: dict = field(default_factory=dict)   # keyword arguments of the method's drafter factory
+    loop: str | None = None              # another loop for the method (None: its own)
+
+    def apply(self, method: Method) -> Method:
+        if method.name not in self.of:
+            raise ValueError(f"the {self.name} variant varies {', '.join(self.of)}, not {method.name}")
+        drafter = partial(method.drafter, **self.drafter) if self.drafter else method.drafter
+        return replace(method, name=f"{method.name}-{self.name}", label=f"{method.label}, {self.label}",
+                       drafter=drafter, loop=self.loop or method.loop, build=None)
+
+
+_DRAFTS = ("draft", "draft-heuristic", "draft-cost-aware")
+VARIANTS: dict[str, Variant] = {v.name: v for v in [
+    Variant("gated", "gated per category", ("draft-cost-aware",), loop="gated"),
+    Variant("all-ids", "scoring every token id", _DRAFTS, {"vocab": False}),
+    Variant("whole", "reading the whole context", _DRAFTS, {"window": False}),
+    Variant("rereads", "rereading the chat opening", _DRAFTS, {"opening": False}),
+]}
+
+
+def method(name: str) -> Method:
+    """The method of this name: a registered one, or a variant of one (METHOD-VARIANT); KeyError where neither."""
+    if name in METHODS:
+        return METHODS[name]
+    for v in VARIANTS.values():
+        base = name.removesuffix(f"-{v.name}")
+        if base != name and base in v.of:
+            return v.apply(METHODS[base])
+    raise KeyError(name)
+
+
+def with_variants(names: list[str], variants: list[str]) -> list[str]:
+    """`names` and, after each method a variant varies, that variant of it (bench --variant)."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
+    out = []
+    for n in names:
+        out.append(n)
+        out += [f"{n}-{v}" for v in variants if n in VARIANTS[v].of and f"{n}-{v}" not in names]
+    if variants and out == names:
+        raise ValueError(f"--variant {','.join(variants)} varies none of the chosen methods: it varies "
+                         + "; ".join(f"{v}: {', '.join(VARIANTS[v].of)}" for v in variants))
+    return out
 
 
 HF_NEEDS = frozenset({"hf", "hf_draft", "hf_cross"})
@@ -517,7 +586,7 @@ def default_methods(target: str, dtype: str = "bf16") -> list[str]:
 def check_dtype(names: list[str], dtype: str) -> None:
     """transformers' peers run the target as its checkpoint stores it: not a labkit-quantized model."""
     from ..models.backends import QUANTIZED
-    peers = [n for n in names if METHODS[n].needs & HF_NEEDS]
+    peers = [n for n in names if method(n).needs & HF_NEEDS]
     if dtype in QUANTIZED and peers:
         raise ValueError(f"{', '.join(peers)} run transformers' model, which has no {dtype} weights of labkit's: "
                          f"with --dtype {dtype} leave them out of --methods (llama.cpp's rows are the 4-bit peers)")
@@ -528,14 +597,33 @@ def check_methods(names: list[str]) -> list[str]:
     if not names:
         raise ValueError(f"--methods names no method: choose one or more of {', '.join(METHODS)} (comma-separated), "
                          "or leave --methods out to run every method")
-    unknown = [n for n in names if n not in METHODS]
+    unknown = [n for n in names if not known(n)]
     if unknown:
-        raise ValueError(f"unknown methods {unknown}: choose from {', '.join(METHODS)}")
-    if any("llama-cpp" in METHODS[n].needs for n in names):
+        raise ValueError(f"unknown methods {unknown}: choose from {', '.join(METHODS)}, or a variant of one, "
+                         "METHOD-VARIANT (python -m labkit methods lists them)")
+    chosen = {n: method(n) for n in names}
+    if any("llama-cpp" in m.needs for m in chosen.values()):
         from .llama_cpp import check_available
         check_available()
-    if any("arctic" in METHODS[n].needs for n in names):
+    if any("arctic" in m.needs for m in chosen.values()):
         from ..drafters.arctic_suffix import check_available as check_arctic
         check_arctic()
-    wanted = {BASELINE, *names, *(METHODS[n].reference for n in names)}
-    return [n for n in METHODS if n in wanted]              # registry order: each reference before its family
+    wanted = {BASELINE, *names, *(m.reference for m in chosen.values())}
+    return sorted(wanted, key=run_order)       # registry order (each reference before its family), variants after
+
+
+def run_order(name: str) -> tuple[int, int]:
+    """(the registry's place of the method, 0; or of the method a variant varies, 1 + the variant's place)."""
+    registry, variants = list(METHODS), list(VARIANTS)
+    if name in METHODS:
+        return registry.index(name), 0
+    v = next(v for v in variants if name.endswith(f"-{v}") and name[:-len(v) - 1] in METHODS)
+    return registry.index(name[:-len(v) - 1]), 1 + variants.index(v)
+
+
+def known(name: str) -> bool:
+    try:
+        method(name)
+    except KeyError:
+        return False
+    return True

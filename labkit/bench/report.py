@@ -40,7 +40,8 @@ from pathlib import Path
 from ..core.adaptive import expected_speedup
 from ..core.engine_counts import count_drafts
 from ..files.textfile import writable_dir
-from .methods import BASELINE, METHODS
+from .methods import BASELINE, known, run_order
+from .methods import method as registered
 from .records import read_results
 from .runner import best_runs
 
@@ -160,7 +161,7 @@ def load_run(path: str | Path, run_key: str | None = None, skip_damaged: bool = 
 def run_methods(records: list[dict]) -> list[str]:
     """The methods in a run's records, in registry order (unknown names last)."""
     present = list(dict.fromkeys(r["method"] for r in records))
-    return [m for m in METHODS if m in present] + [m for m in present if m not in METHODS]
+    return sorted(filter(known, present), key=run_order) + [m for m in present if not known(m)]
 
 
 def complete_questions(records: list[dict]) -> list[str]:
@@ -260,7 +261,7 @@ def _row(cat: str, method: str, label: str, rs: list[dict], base: list[dict], mi
     drafted = [s for r in rs for s in r["steps"] or [] if s[0] > 0]
     proposed = sum(s[0] for s in drafted)
     forwards = sum(r["target_forwards"] for r in rs)
-    tree = method in METHODS and METHODS[method].tree
+    tree = known(method) and registered(method).tree
     counts = count_drafts([(s[0], s[1]) for s in drafted], tree)
     # per question, the baseline's seconds and the ideal speedup; over questions a ratio of sums, as × AR is
     ideals = [(b["seconds"], i) for r, b in zip(rs, base)

@@ -35,6 +35,8 @@ from .methods import (
     check_methods,
     check_target,
     default_methods,
+    method,
+    with_variants,
 )
 from .questions import Question, read_questions
 from .records import RESULTS, append, read_results
@@ -67,10 +69,11 @@ class BenchConfig:
     repeats: int = 1                   # rounds of every method per question; the fastest run of each counts
     draft_vocab: int | str | None = "auto"   # ids the draft model scores: the k most frequent and the prompt's
     #                                          (None: all; "auto": drafters.vocab.auto_vocab)
+    variants: list[str] = field(default_factory=list)   # ablations run beside the methods they vary (VARIANTS)
 
     def __post_init__(self):
-        self.methods = check_methods(default_methods(self.target, self.dtype) if self.methods is None
-                                     else self.methods)
+        chosen = default_methods(self.target, self.dtype) if self.methods is None else self.methods
+        self.methods = check_methods(with_variants(chosen, self.variants))
         check_target(self.methods, self.target)
         check_dtype(self.methods, self.dtype)
         for name in ("max_new_tokens", "gamma", "lookup_tokens", "threads", "repeats"):
@@ -163,7 +166,7 @@ def load_models(config: BenchConfig, progress: bool = True, target=None) -> Mode
     from ..models.checks import DTYPES, check_models
     from ..models.hub import resolve_model
     from ..models.loading import load_draft, load_model
-    needs = set().union(*(METHODS[n].needs for n in config.methods))
+    needs = set().union(*(method(n).needs for n in config.methods))
     check_models(config.target, config.dtype, config.backend, config.device,
                  config.draft if "draft" in needs else None, config.draft_precision)
     if target is None:
@@ -312,8 +315,8 @@ def _run_pending(config: BenchConfig, questions: list[Question], todo: list[tupl
     names = list(dict.fromkeys(m for _, ms in todo for m, _ in ms))
     warm_ids = encode(models, Question("warm-up", "warm-up", WARM_UP_PROMPT), config.chat_template)
     for name in tqdm(names, desc="warm-up", disable=not progress):      # first calls allocate; not timed
-        METHODS[name].build(models, WARM_UP_TOKENS, config.gamma, config.lookup_tokens)(warm_ids)
-    runs = {name: METHODS[name].build(models, config.max_new_tokens, config.gamma, config.lookup_tokens)
+        method(name).build(models, WARM_UP_TOKENS, config.gamma, config.lookup_tokens)(warm_ids)
+    runs = {name: method(name).build(models, config.max_new_tokens, config.gamma, config.lookup_tokens)
             for name in names}
     bar = tqdm(total=sum(len(ms) for _, ms in todo), desc="question x method", disable=not progress)
     for q, pending in todo:
@@ -321,7 +324,7 @@ def _run_pending(config: BenchConfig, questions: list[Question], todo: list[tupl
         for name, repeat in pending:
             bar.set_postfix_str(f"{q.question_id} {name}" + (f" ({repeat + 1}/{config.repeats})" if config.repeats > 1
                                                               else ""))
-            m = METHODS[name]
+            m = method(name)
             t0 = time.perf_counter()
             result = runs[name](ids, workload=(q.category, repeat)) if m.per_workload else runs[name](ids)
             wall = time.perf_counter() - t0
@@ -357,5 +360,5 @@ def _meta(config: BenchConfig, models: Models) -> dict:
             "machine": f"{facts['cpu']} ({facts['isa']}), {platform.machine()}, {config.threads} threads, "
                        f"torch {torch.__version__}",
             "ran_on": facts, "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-            "labels": {n: METHODS[n].label.format(gamma=config.gamma, lookup_tokens=config.lookup_tokens)
-                       for n in METHODS}}
+            "labels": {n: method(n).label.format(gamma=config.gamma, lookup_tokens=config.lookup_tokens)
+                       for n in dict.fromkeys([*METHODS, *config.methods])}}

@@ -14,7 +14,7 @@ from .trace import Step
 class BudgetPolicy:
     """The interface: the tree nodes of the next step (0: a plain step), learning from each step taken."""
     name = "policy"
-    needs_best_first = False      # True: judges budgets n < N by a proposal's first n nodes (Drafter.best_first)
+    needs_best_first = False      # True: judges budgets n < N by a proposal's first n nodes (Needs.best_first)
     max_budget: int               # the most nodes a step may ask for (the compiled loop sizes its verify by it)
 
     def start(self, prompt_ids) -> None:

@@ -1,9 +1,9 @@
 """Batched decoding: B sequences at once, each accepting its own number of tokens per step.
 
 The target's `RaggedCache` (labkit.models.ragged_cache) lets rows of different lengths share one
-cache and roll back by different amounts. The drafter is any chain drafter, called through
-`start_rows` / `propose_rows` / `commit_rows` (labkit.drafters.base): the draft model drafts all
-rows in the same forwards, other drafters row by row. A row proposes at most γ tokens and may
+cache and roll back by different amounts. The drafter is any chain drafter, drafting for all
+rows through `rows_of`: a drafter whose needs say `rows` (the draft model) drafts every row in the
+same forwards, any other as `RowCopies`, one copy per row. A row proposes at most γ tokens and may
 propose fewer (or none); the verify forward right-aligns the rows, and `accept_rows` caps each
 row's acceptance at its own proposal length.
 
@@ -16,6 +16,7 @@ step times in each are the whole batch's.
 """
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -29,7 +30,7 @@ from ..core.sampling import (
     sample,
 )
 from ..core.trace import Step, Trace
-from ..drafters.base import Drafter
+from ..drafters.base import Drafter, Proposal
 from ..models.ragged_cache import RaggedCache, left_pad, unpad
 from ..models.target import Target
 from .base import (
@@ -168,6 +169,33 @@ def accept_rows(draft: torch.Tensor, k: torch.Tensor, logits: torch.Tensor, q_dr
     return n, sample(next_probs, generator)
 
 
+class RowCopies:
+    """Any one-sequence drafter for B rows: a copy per row, started on its prompt, each row proposing on its own."""
+
+    def __init__(self, drafter: Drafter, prompts: list[torch.Tensor]):
+        self.drafters = [copy.copy(drafter) for _ in prompts]
+        for row, prompt in zip(self.drafters, prompts):
+            row.start(prompt)
+
+    def propose(self, rows: list[torch.Tensor], k: list[int], sampling: SamplingConfig,
+                generator: torch.Generator | None = None) -> list[Proposal]:
+        """Row b's proposal of at most k[b] nodes after its committed tokens rows[b] (N_b,); k[b] = 0: none."""
+        return [drafter.propose(tokens, n, sampling, generator) if n > 0 else Proposal.empty(tokens)
+                for drafter, tokens, n in zip(self.drafters, rows, k)]
+
+    def commit(self, n_cached: list[int]) -> None:
+        """The target's cache now holds row b's first n_cached[b] committed tokens."""
+        for drafter, n in zip(self.drafters, n_cached):
+            drafter.commit(n)
+
+
+def rows_of(drafter: Drafter, prompts: list[torch.Tensor], max_len: int):
+    """`drafter` for the B rows of `prompts` (B tensors (T_b,)), with propose(rows, k, sampling, generator) and
+    commit(n_cached). This loop's protocol: a drafter whose needs say `rows` has rows(prompts, max_len), drafting
+    every row in one forward, its state holding at most max_len tokens a row; any other runs as RowCopies."""
+    return drafter.rows(prompts, max_len) if drafter.needs.rows else RowCopies(drafter, prompts)
+
+
 class BatchedSpeculativeDecoder(BatchDecoder):
     """Speculative decoding of B prompts: every row proposes up to γ tokens, one target forward verifies all."""
 
@@ -178,7 +206,7 @@ class BatchedSpeculativeDecoder(BatchDecoder):
         check_drafter(drafter)
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
-        if drafter.reads_features or drafter.reads_verdict:
+        if drafter.needs.features or drafter.needs.verdict:
             raise ValueError(f"the {drafter.name} drafter reads the target's features or verdicts, which only the tree "
                              "loop gives: batch a chain drafter (draft model, prompt lookup)")
         drafter.check_target(target)
@@ -187,7 +215,7 @@ class BatchedSpeculativeDecoder(BatchDecoder):
         self.cache = cache = RaggedCache(target, len(self.prompts), max_len)   # every committed token but the last
         if max(map(len, self.prompts)) > 1:
             cache.feed(*left_pad([p[:-1] for p in self.prompts]))
-        drafter.start_rows([torch.tensor(p) for p in self.prompts], max_len)
+        self.rows = rows_of(drafter, [torch.tensor(p) for p in self.prompts], max_len)
         self.prefill_time = clock() - self.t0
         self.target, self.drafter, self.gamma = target, drafter, gamma
 
@@ -200,8 +228,8 @@ class BatchedSpeculativeDecoder(BatchDecoder):
         k = [min(self.gamma, self.max_new_tokens - len(new) - 1) if on else 0 for new, on in zip(self.new, live)]
         # 1. Propose: at most k[b] tokens per row (a finished row proposes none)
         t1 = clock()
-        proposals = [p.limit(n) for p, n in zip(drafter.propose_rows([torch.tensor(s) for s in seqs], k, sampling,
-                                                                     self.generator), k)]
+        proposals = [p.limit(n) for p, n in zip(self.rows.propose([torch.tensor(s) for s in seqs], k, sampling,
+                                                                  self.generator), k)]
         if not all(p.is_chain for p in proposals):
             raise ValueError(f"the {drafter.name} drafter proposed a tree: batched decoding verifies chains")
         k_row = torch.tensor([p.k for p in proposals])                                 # (B,)
@@ -231,7 +259,7 @@ class BatchedSpeculativeDecoder(BatchDecoder):
             self.commit(b, p.tokens[:n].tolist() + [int(next_tokens[b])], step)
         n_cached = [len(self.sequence(b)) - 1 for b in range(B)]
         cache.truncate_rows(torch.minimum(torch.tensor(n_cached), cache.length))
-        drafter.commit_rows(n_cached)
+        self.rows.commit(n_cached)
 
 
 def batched_speculative_generate(target: Target, drafter: Drafter, prompts: list[torch.Tensor], max_new_tokens: int,

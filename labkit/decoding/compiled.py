@@ -271,6 +271,14 @@ class StaticDraft:
         self.cache.truncate(min(self.cache.length, n_cached))
 
 
+def device_parts(drafter: Drafter) -> tuple:
+    """(a draft model to run on the device with static caches, or None; the drafter whose proposals are read on the
+    host, or None). The device-drafting protocol of this loop: a drafter whose needs say device="model" (a draft
+    model, drafters/draft_model.py; a drafter paced by one) has device_parts() returning that pair, and raises
+    ValueError, saying what would run, where its model cannot run here; any other drafter proposes on the host."""
+    return drafter.device_parts() if drafter.needs.device == "model" else (None, drafter)
+
+
 class CompiledSpeculativeDecoder(Decoder):
     """Chain speculative decoding on static caches: eager, compiled, and/or replayed as CUDA graphs.
 
@@ -311,9 +319,9 @@ class CompiledSpeculativeDecoder(Decoder):
     def use_drafter(self, drafter: Drafter) -> None:
         """Draft with `drafter` from the next `start` on, keeping the target's compiled shapes and graphs."""
         check_drafter(drafter)
-        if drafter.reads_features or drafter.reads_verdict:
+        if drafter.needs.features or drafter.needs.verdict:
             raise ValueError(f"the {drafter.name} drafter needs the tree loop: decode with labkit.decoding.tree")
-        draft_model, self.host_drafter = drafter.device_parts()        # raises where the drafter cannot run here
+        draft_model, self.host_drafter = device_parts(drafter)         # raises where the drafter cannot run here
         drafter.check_target(self.model)
         self.drafter = drafter
         self.draft = None if draft_model is None else StaticDraft(draft_model, self.max_len, **self.compiled)

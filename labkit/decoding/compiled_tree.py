@@ -36,7 +36,7 @@ from ..core.sampling import GREEDY, SamplingConfig, probs_from_logits
 from ..core.trace import Step
 from ..core.tree import Tree
 from ..core.tree_budget import BudgetPolicy, FixedBudget
-from ..drafters.base import Drafter, Proposal
+from ..drafters.base import Drafter, Proposal, tree_target
 from ..models.adapters import LayerTapsTarget
 from ..models.kv_cache import StaticKVCache
 from ..models.target import as_tree_target
@@ -170,7 +170,7 @@ def feature_taps(model: Transformer, drafter: Drafter) -> tuple[int, ...]:
     """The blocks whose outputs `drafter` reads besides the final hidden states: () for Medusa and EAGLE, EAGLE-3's
     three; a ValueError for a drafter that needs another kind of target."""
     plain = as_tree_target(model)
-    wanted = drafter.tree_target(plain)
+    wanted = tree_target(drafter, plain)
     if wanted is plain:
         return ()
     if isinstance(wanted, LayerTapsTarget) and wanted.model is model:
@@ -212,7 +212,7 @@ class CompiledTreeDecoder(Decoder):
         """Draft with `drafter` from the next `start` on, keeping the compiled shapes and graphs (a drafter that
         reads other blocks' outputs gets verify shapes of its own)."""
         check_drafter(drafter)
-        if drafter.reads_verdict:
+        if drafter.needs.verdict:
             raise ValueError(f"the {drafter.name} drafter reads the target's verdict on every node: decode it with "
                              "labkit.decoding.tree.tree_generate")
         taps = feature_taps(self.model, drafter)
@@ -240,10 +240,10 @@ class CompiledTreeDecoder(Decoder):
         if isinstance(budget, int) and not 0 <= budget <= MAX_NODES:
             raise ValueError(f"budget={budget}: the compiled verify has shapes for up to {MAX_NODES} nodes; pass "
                              f"0 <= budget <= {MAX_NODES}")
-        if not sampling.greedy and self.drafter.samples_tokens:
+        if not sampling.greedy and self.drafter.needs.samples_tokens:
             raise ValueError(f"the {self.drafter.name} drafter samples its tokens: when sampling, the compiled tree "
                              "loop accepts trees of top-k picks; sample with labkit.decoding.tree.tree_generate")
-        if getattr(self.budget, "needs_best_first", False) and not self.drafter.best_first:
+        if getattr(self.budget, "needs_best_first", False) and not self.drafter.needs.best_first:
             raise ValueError(f"the {self.budget.name} budget needs a drafter that lists its nodes best first; "
                              f"{self.drafter.name} does not: give it a fixed budget (an int)")
         need = self.prompt.numel() + max_new_tokens + MAX_NODES
@@ -262,7 +262,7 @@ class CompiledTreeDecoder(Decoder):
             features = out[0][0]                                                     # (T-1, F)
         sync()
         t1 = time.perf_counter()
-        self.drafter.start(self.prompt, features if self.drafter.reads_features else None)
+        self.drafter.start(self.prompt, features if self.drafter.needs.features else None)
         sync()
         self.trace.prefill_time = self.trace.total_time = time.perf_counter() - t0
         self.trace.draft_prefill_time = time.perf_counter() - t1
@@ -309,7 +309,7 @@ class CompiledTreeDecoder(Decoder):
         q_list = got.q_token if read_q else q_token.tolist()
         draft_time, verify_time = clock.seconds()
         self.cache.length = n_cached + n + 1
-        if self.drafter.reads_features:
+        if self.drafter.needs.features:
             self.drafter.commit(n_cached + n + 1, hidden[acc.keep_rows[:n + 1]])
         else:
             self.drafter.commit(n_cached + n + 1)
@@ -323,8 +323,12 @@ class CompiledTreeDecoder(Decoder):
     def propose(self, budget: int):
         """(tree, node tokens (N,), q_token (N,), layout, parents (N,)): the drafter's tree of at most `budget` nodes
         and its layout at its bucket's width. A drafter that drafts on the device keeps its tree there: tree None,
-        its parents on the device, read back with the step's sync; any other's tree is on the host (parents None)."""
-        if self.drafter.drafts_on_device:
+        its parents on the device, read back with the step's sync; any other's tree is on the host (parents None).
+
+        The device-drafting protocol: a drafter whose needs say device="tree" (drafters/eagle_device.py) has
+        propose_on_device(tokens, budget), which returns a DeviceTree (tokens, q_token and parents, on the device,
+        nothing read back) and has a `depth`, the deepest level it grows."""
+        if self.drafter.needs.device == "tree":
             drafted = self.drafter.propose_on_device(torch.tensor(self.tokens), budget)
             if drafted.tokens.numel():
                 layout = lay_out_on_device(drafted.parents, tree_bucket(drafted.tokens.numel()), self.drafter.depth)
@@ -353,7 +357,7 @@ class CompiledTreeDecoder(Decoder):
         tokens, seconds = picks.tolist(), clock.seconds()                            # the run's one host sync
         last = self._commit_each(tokens, lambda i, token: Step([], 0, token, False, 0.0, seconds[i], q_draft=[],
                                                                parents=[], path=[], asked=0), self.budget.update)
-        if self.drafter.reads_features:
+        if self.drafter.needs.features:
             self.drafter.commit(self.cache.length, torch.cat(features)[:self.cache.length - first])
         else:
             self.drafter.commit(self.cache.length)

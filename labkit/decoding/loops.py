@@ -24,7 +24,7 @@ from ..drafters.base import Drafter
 from ..models.transformer import Transformer
 from .autoregressive import autoregressive_generate
 from .base import Generation
-from .compiled import MAX_GAMMA, CompiledSpeculativeDecoder
+from .compiled import MAX_GAMMA, CompiledSpeculativeDecoder, device_parts
 from .compiled_tree import MAX_NODES, CompiledTreeDecoder, feature_taps
 from .speculative import speculative_generate
 from .static import StaticDecoder
@@ -40,12 +40,12 @@ def why_not_compiled(model, drafter: Drafter | None, gamma, sampling: SamplingCo
         return f"the target is {type(model).__name__}, not labkit's Transformer (a static cache needs its forward)"
     if drafter is None:
         return None if sampling.greedy else "the compiled plain loop decodes greedily"
-    if drafter.reads_verdict:
+    if drafter.needs.verdict:
         return f"the {drafter.name} drafter reads the target's verdict on every node"
     if getattr(gamma, "eager_only", False):
         return f"the {gamma.name} policy proposes unverified on plain steps, which only the eager loops do"
     if tree:
-        if not sampling.greedy and drafter.samples_tokens:
+        if not sampling.greedy and drafter.needs.samples_tokens:
             return (f"the {drafter.name} drafter samples its tokens (when sampling, the compiled tree loop accepts "
                     "trees of top-k picks)")
         try:
@@ -54,10 +54,10 @@ def why_not_compiled(model, drafter: Drafter | None, gamma, sampling: SamplingCo
             return f"the {drafter.name} drafter reads a target of its own"
         nodes = gamma if isinstance(gamma, int) else gamma.max_budget
         return None if nodes <= MAX_NODES else f"a tree of {nodes} nodes (the compiled verify has up to {MAX_NODES})"
-    if drafter.reads_features:
+    if drafter.needs.features:
         return f"the {drafter.name} drafter reads the target's features: decode it as a tree (tree=True)"
     try:
-        drafter.device_parts()
+        device_parts(drafter)
     except ValueError as e:
         return str(e)
     longest = gamma if isinstance(gamma, int) else gamma.k if isinstance(gamma, FixedGamma) else \

@@ -35,8 +35,8 @@ class SpeculativeDecoder(Decoder):
                  eos_token_ids: tuple[int, ...] = (), seed: int | None = None):
         self.begin(target, prompt_ids, max_new_tokens, f"speculative/{check_drafter(drafter).name}", eos_token_ids,
                    seed, sampling)
-        if drafter.reads_features or drafter.reads_verdict:
-            what = "features" if drafter.reads_features else "verdict on every node"
+        if drafter.needs.features or drafter.needs.verdict:
+            what = "features" if drafter.needs.features else "verdict on every node"
             raise ValueError(f"the {drafter.name} drafter reads the target's {what}, which only the tree loop "
                              "gives: decode with labkit.decoding.tree.TreeDecoder (or tree_generate)")
         drafter.check_target(target)

@@ -34,12 +34,12 @@ from ..core.tree_acceptance import (
     tree_speculative_accept,
 )
 from ..core.tree_budget import BudgetPolicy, FixedBudget
-from ..drafters.base import Drafter
+from ..drafters.base import Drafter, Proposal, tree_target
 from ..models.target import TreeTarget, as_tree_target
 from ..models.transformer import Transformer
 from .base import Decoder, Generation, check_drafter, check_sampling
 
-NO_TREE, NO_NODES = Tree(torch.empty(0, dtype=torch.long)), torch.empty(0, dtype=torch.long)   # a plain step's
+NO_NODES = torch.empty(0, dtype=torch.long)   # a plain step's
 
 # An acceptance rule other than the exact ones (Medusa's typical acceptance): (tree, node tokens, logits) -> acceptance
 AcceptRule = Callable[[Tree, torch.Tensor, torch.Tensor], TreeAcceptance]
@@ -56,11 +56,11 @@ class TreeDecoder(Decoder):
         check_drafter(drafter), check_sampling(sampling)
         if accept_rule is not None and not sampling.greedy:
             raise ValueError("a custom accept_rule (typical acceptance) replaces sampling: use temperature 0 with it")
-        if getattr(policy, "needs_best_first", False) and not drafter.best_first:
+        if getattr(policy, "needs_best_first", False) and not drafter.needs.best_first:
             raise ValueError(f"the {policy.name} budget judges smaller trees by cutting this step's proposal, but "
-                             f"{drafter.name}'s proposals are not listed best first (Drafter.best_first): "
+                             f"{drafter.name}'s proposals are not listed best first (Needs.best_first): "
                              "give it a fixed budget (an int)")
-        target = drafter.tree_target(as_tree_target(target))
+        target = tree_target(drafter, as_tree_target(target))
         self.begin(target, prompt_ids, max_new_tokens, f"tree/{drafter.name}", eos_token_ids, seed, sampling)
         drafter.check_target(target)
         self.target, self.drafter, self.budget, self.accept_rule = target, drafter, policy, accept_rule
@@ -77,14 +77,14 @@ class TreeDecoder(Decoder):
 
     @torch.no_grad()
     def _advance(self) -> Step:
-        """propose a tree -> verify it -> accept a path -> commit and compact, once."""
+        """propose a tree -> verify it -> accept a path -> commit and compact, once. A budget of 0 (or no room) is a
+        plain step: no tree, the root alone through the target, its token picked as plain decoding picks it."""
         n_cached = self.cache.length - (self.prefill_root is not None)        # the root's slot
         t0 = time.perf_counter()
         budget = min(self.budget.budget(), self.max_new_tokens - self.trace.n_generated - 1, self.cache.room() - 1)
-        if budget <= 0:                                   # no tree this step: the target's one token
-            return self.plain_step(n_cached, t0)
         # 1. Propose: a tree of candidate continuations
-        proposal = self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator).limit(budget)
+        proposal = Proposal.empty(NO_NODES) if budget <= 0 else \
+            self.drafter.propose(torch.tensor(self.tokens), budget, self.sampling, self.generator).limit(budget)
         tree, nodes = proposal.as_tree(), proposal.tokens.cpu()                              # (N,)
         # 2. Verify: root + every node in one forward, each node seeing only its ancestors
         t1 = time.perf_counter()
@@ -92,32 +92,15 @@ class TreeDecoder(Decoder):
         t2 = time.perf_counter()
         # 3. Accept: the longest agreeing path plus one token of the target's
         acc, p_nodes = self.accept(tree, nodes, proposal.q_draft, logits)
-        if self.drafter.reads_verdict:
-            self.drafter.verdict(argmax(logits))                                         # (1+N,)
+        verdict = argmax(logits) if self.drafter.needs.verdict else None                 # (1+N,) after every node
         # 4. Commit: keep the root and the accepted path in the cache, compacted; drop every other branch
         keep = torch.tensor([0] + [1 + i for i in acc.path])                             # (1+n,) slots after n_cached
-        self.cache.commit_path(keep, start=n_cached)
-        self.drafter.commit(n_cached + keep.numel(), hidden[keep.to(hidden.device)])
+        if nodes.numel():                                 # a plain step's cache holds the root alone already
+            self.cache.commit_path(keep, start=n_cached)
+        self.drafter.commit(n_cached + keep.numel(), hidden[keep.to(hidden.device)], verdict)
         new_tokens = self._commit(acc.tokens(nodes))
         step = Step(nodes.tolist(), acc.n_accepted, acc.next_token, acc.bonus, t1 - t0, t2 - t1, p_nodes,
-                    proposal.q_token.tolist(), parents=tree.parents.tolist(), path=acc.path, asked=budget)
-        self.budget.update(step)
-        return self._record(step, new_tokens, t0)
-
-    def plain_step(self, n_cached: int, t0: float) -> Step:
-        """A step without a tree (budget 0), begun at t0: the root alone through the target, its token picked as
-        the acceptance of an empty tree picks it (so, the token plain decoding picks), and nothing to compact. No
-        proposal, tree or path is built for it, so beside plain decoding's step it costs only the budget's
-        choice."""
-        t1 = time.perf_counter()
-        hidden, logits = self.verify(NO_TREE, NO_NODES, n_cached)                       # (1, F), (1, V)
-        t2 = time.perf_counter()
-        acc, _ = self.accept(NO_TREE, NO_NODES, None, logits)
-        if self.drafter.reads_verdict:
-            self.drafter.verdict(argmax(logits))                                         # (1,)
-        self.drafter.commit(n_cached + 1, hidden)            # the cache holds the root already, as plain decoding's
-        new_tokens = self._commit([acc.next_token])
-        step = Step([], 0, acc.next_token, acc.bonus, t1 - t0, t2 - t1, [], [], parents=[], path=[], asked=0)
+                    proposal.q_token.tolist(), parents=tree.parents.tolist(), path=acc.path, asked=max(budget, 0))
         self.budget.update(step)
         return self._record(step, new_tokens, t0)
 

@@ -18,7 +18,7 @@ import torch
 from ..core.sampling import SamplingConfig
 from ..core.tree import Tree
 from ..files.shipped import CHECKOUT
-from .base import Drafter, Proposal
+from .base import Drafter, Needs, Proposal
 
 VERSION = "0.3.0"
 
@@ -48,7 +48,7 @@ def suffix_cache_class():
 class ArcticSuffixDrafter(Drafter):
     """Arctic's SuffixDecodingCache drafting trees for labkit's tree decoder (one request at a time)."""
     name = "arctic-suffix"
-    best_first = True
+    needs = Needs(best_first=True)
 
     def __init__(self, max_pattern: int = 12, max_depth: int = 16, spec_factor: float = 2.0, min_prob: float = 0.1):
         # no global cache of earlier responses: this request's prompt and output only, as labkit's `suffix`

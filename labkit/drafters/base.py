@@ -4,40 +4,31 @@ A proposal is a tree of draft tokens whose root is the last committed token; a c
 tree with one child per node, and most drafters (a draft model, prompt lookup, MTP heads) propose
 chains. The decoding loops (labkit.decoding) call, per sequence:
 
-    start(prompt_ids, features)     once, after the target's prefill
-    propose(tokens, k, sampling)    once per step: at most k nodes to follow the committed `tokens`
-    commit(n_cached, features)      after the target has decided: the target's cache now holds the
-                                    first n_cached committed tokens (all but the last), and
-                                    `features` are the target's features of the positions the step
-                                    added (None where the loop has none)
+    start(prompt_ids, features)            once, after the target's prefill
+    propose(tokens, k, sampling)           once per step: at most k nodes to follow the committed `tokens`
+    commit(n_cached, features, verdict)    after the target has decided: the target's cache now holds the
+                                           first n_cached committed tokens (all but the last); `features`
+                                           are the target's features of the positions the step added and
+                                           `verdict` its greedy token after every proposed node (each None
+                                           where the drafter does not read it or the loop has none)
 
-A drafter that learns from the target's verdict on every node it proposed, accepted or not
-(lookahead decoding's Jacobi window), sets `reads_verdict`; the tree loop then calls
-`verdict(next_tokens)` before `commit`.
+and, before the first, `check_target(target)`, which refuses a target the drafter cannot draft for.
+A drafter with state (a KV cache) drops what was rejected in `commit`. The drafter sees token ids,
+never text.
 
-A drafter whose proposals list their nodes best first, so that a proposal cut to its first n nodes
-is the proposal it would have made with budget n (a chain; suffix decoding's and EAGLE-2's trees;
-Medusa's greedy static tree), sets `best_first`: the tree loop's cost-aware budget
-(tuning/tree_budget.py) judges every smaller budget from one step only for such a drafter.
-
-A drafter that drafts its tree on the target's device (EAGLE-2's, eagle_device.py) sets `drafts_on_device` and
-has `propose_on_device(tokens, k)`: the compiled tree loop then keeps the tree there and reads it back with its one
-sync; `propose` stays the interface of every other loop. The compiled chain loop asks `device_parts()` what it
-may run on the device (a draft model) and what proposes on the host; no loop names a drafter's class.
-
-A drafter with state (a KV cache) drops what was rejected in `commit`. A drafter that reads the
-target's features (Medusa, EAGLE) says so with `reads_features`: only the tree loop, which runs
-labkit's own model, can give them. The drafter sees token ids, never text.
-
-The batched loop (labkit.decoding.batched) decodes B sequences at once and calls the same three
-steps for all rows: `start_rows`, `propose_rows`, `commit_rows`. By default they keep one copy of
-the drafter per row and call the one-sequence methods; a drafter that drafts every row in one
-forward (the draft model) overrides them.
+What a drafter asks of the loop it runs in is one declared record, `needs` (a `Needs`): the
+target's features (Medusa, EAGLE: only the tree loops, which run labkit's own model, give them),
+the verdict on every node (lookahead's Jacobi window), proposals listed best first (what lets a
+cost-aware budget price smaller trees from one step), sampled tokens, a target of its own
+(EAGLE-3's taps), and the faster paths some loops offer: a draft model the compiled chain loop
+runs on the device, a tree drafted on the device for the compiled tree loop, every row of a batch
+drafted in one forward. Each of those paths is a protocol of the loop that uses it, written down
+there (decoding/compiled.py, compiled_tree.py, batched.py); no loop names a drafter's class.
 """
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -110,27 +101,31 @@ def draft_chain(logits: torch.Tensor, feed, k: int, sampling: SamplingConfig, ge
     return Proposal(torch.stack(drafted), q_draft, torch.stack(q_tok))
 
 
+@dataclass(frozen=True)
+class Needs:
+    """What a drafter asks of the loop that runs it; the default, a chain drafter on token ids, runs in every loop."""
+    features: bool = False            # drafts from the target's features (start's and commit's `features`): tree loops
+    verdict: bool = False             # the target's greedy token after every proposed node (commit's `verdict`)
+    best_first: bool = False          # the first n nodes of a proposal are its proposal with budget n
+    samples_tokens: bool = False      # when sampling, its tokens are draws from q (Proposal.q_draft), not top-k picks
+    target: Callable | None = None    # the tree target it reads, made from the plain one (EAGLE-3's taps); None: plain
+    device: str | None = None         # "model": a draft model the compiled chain loop may run on the device, from
+                                      #   device_parts() (decoding/compiled.py); "tree": a tree drafted on the
+                                      #   target's device by propose_on_device() (decoding/compiled_tree.py)
+    rows: bool = False                # drafts every row of a batch in one forward: rows(prompts, max_len)
+                                      #   (decoding/batched.py); otherwise the batch keeps a copy per row
+
+    def __post_init__(self):
+        if self.device not in (None, "model", "tree"):
+            raise ValueError(f"Needs.device must be None, 'model' or 'tree', got {self.device!r}")
+
+
 class Drafter(ABC):
     name: str = "drafter"
-    reads_features: bool = False          # True: drafts from the target's features (the tree loop gives them)
-    reads_verdict: bool = False           # True: wants the target's greedy token after every proposed node
-    best_first: bool = False              # True: the first n nodes of a proposal are its proposal with budget n
-    samples_tokens: bool = False          # True: sampled tokens are draws from q (Proposal.q_draft), not top-k picks
-    drafts_on_device: bool = False        # True: has propose_on_device, a tree left on the device (compiled tree loop)
+    needs: Needs = Needs()
 
     def check_target(self, target) -> None:
         """Raise ValueError, saying what to do, when this drafter cannot draft for `target`."""
-
-    def device_parts(self) -> tuple:
-        """For the compiled chain loop (decoding/compiled.py): (a draft model it may run on the device with static
-        caches, or None; the drafter whose proposals it reads on the host, or None). By default the whole drafter
-        proposes on the host; one that cannot run there raises ValueError saying what would."""
-        return None, self
-
-    def tree_target(self, target):
-        """The tree loop's target as this drafter needs it (a TreeTarget): by default the one given, whose features
-        are the final hidden states; a drafter that reads other layers (EAGLE-3) wraps it."""
-        return target
 
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         """A new sequence: `prompt_ids` (T,); `features` (T-1, F) of the prompt's cached positions, if read."""
@@ -140,30 +135,13 @@ class Drafter(ABC):
                 generator: torch.Generator | None = None) -> Proposal:
         """At most k draft nodes (a chain or a tree) to follow `tokens` (N,), the committed sequence so far."""
 
-    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
-        """The target kept the first `n_cached` tokens; forget state beyond them. `features` (m, F): the
-        target's features of the m positions this step added to its cache (None outside the tree loop)."""
+    def commit(self, n_cached: int, features: torch.Tensor | None = None, verdict: torch.Tensor | None = None) -> None:
+        """The target kept the first `n_cached` tokens; forget state beyond them. `features` (m, F): the target's
+        features of the m positions this step added to its cache (when `needs.features`, and in the tree loops).
+        `verdict` (1+N,): when `needs.verdict`, the target's greedy token after the root and after each node of the
+        last proposal, whether the node was accepted or not."""
 
-    def verdict(self, next_tokens: torch.Tensor) -> None:
-        """Tree loop, when `reads_verdict`: the target's greedy token after the root and after each node of the
-        last proposal (1+N,), whether the node was accepted or not. Called before `commit`."""
 
-    # B sequences at once (labkit.decoding.batched): the default keeps one copy of this drafter per row.
-
-    def start_rows(self, prompts: list[torch.Tensor], max_len: int) -> None:
-        """B new sequences: `prompts`, B tensors (T_b,); `max_len`: the most tokens a row's state may hold."""
-        self.__dict__.pop("_rows", None)                 # copies must not carry an earlier batch's rows
-        self._rows = [copy.copy(self) for _ in prompts]
-        for row, prompt in zip(self._rows, prompts):
-            row.start(prompt)
-
-    def propose_rows(self, rows: list[torch.Tensor], k: list[int], sampling: SamplingConfig,
-                     generator: torch.Generator | None = None) -> list[Proposal]:
-        """Row b's proposal of at most k[b] nodes after its committed tokens rows[b] (N_b,); k[b] = 0: none."""
-        return [drafter.propose(tokens, n, sampling, generator) if n > 0 else Proposal.empty(tokens)
-                for drafter, tokens, n in zip(self._rows, rows, k)]
-
-    def commit_rows(self, n_cached: list[int]) -> None:
-        """The target's cache now holds row b's first n_cached[b] committed tokens."""
-        for drafter, n in zip(self._rows, n_cached):
-            drafter.commit(n)
+def tree_target(drafter: Drafter, target):
+    """The tree loops' target as `drafter` reads it: the one given, or the one its needs name (EAGLE-3's taps)."""
+    return target if drafter.needs.target is None else drafter.needs.target(target)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from ..core.sampling import SamplingConfig
-from .base import Drafter, Proposal, draft_chain
+from .base import Drafter, Needs, Proposal, draft_chain
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -116,7 +116,7 @@ class CrossTokenizerDrafter(Drafter):
         proposal = torch.tensor(encoded[len(tail): len(tail) + k], dtype=torch.long)
         return Proposal(proposal) if proposal.numel() else Proposal.empty(tokens)
 
-    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
+    def commit(self, n_cached: int, features: torch.Tensor | None = None, verdict: torch.Tensor | None = None) -> None:
         pass            # the next propose re-aligns the draft's cache with the committed text
 
 
@@ -135,7 +135,7 @@ class TokenIntersectionDrafter(CrossTokenizerDrafter):
     """A draft with another tokenizer restricted to the tokens both vocabularies share (Timor et al., 2025):
     each draft token is one target token, and q is a true distribution over the target's vocabulary."""
     name = "token-intersection"
-    samples_tokens = True               # when sampling, each token is drawn from q over the shared vocabulary
+    needs = Needs(samples_tokens=True)  # when sampling, each token is drawn from q over the shared vocabulary
 
     def __init__(self, draft_model, draft_tokenizer, target_tokenizer):
         super().__init__(draft_model, draft_tokenizer, target_tokenizer)

@@ -33,7 +33,7 @@ from ..core.tree import Tree
 from ..models.backends import readout
 from ..models.eagle_heads import FeatureHead
 from ..models.transformer import Transformer
-from .base import Drafter, Proposal
+from .base import Drafter, Needs, Proposal
 
 HEAD_WINDOW = 256          # pairs of a long prompt the bench's and the command line's heads read, besides 4 sinks
 
@@ -42,8 +42,6 @@ class EagleDrafter(Drafter):
     """EAGLE-2 dynamic-tree drafting (or a chain with top_k=1) on the target's features."""
 
     name = "eagle"
-    reads_features = True
-    best_first = True          # nodes come best first (see _best_subtree): the first n are the tree of budget n
 
     def __init__(self, head: FeatureHead, target: Transformer, draft_vocab: torch.Tensor | None = None,
                  top_k: int = 8, depth: int = 6, window: int | None = None, sinks: int = 4):
@@ -64,13 +62,12 @@ class EagleDrafter(Drafter):
         rows = head.readout_rows(target.lm_head.weight, self.draft_vocab)              # (Vd, D), sliced once
         self.readout = readout(rows, target.path)                                       # f -> f @ rows.T, the target's path
         self.name = f"{head.kind}-chain" if top_k == 1 else f"{head.kind}-tree"
+        # nodes come best first (see _best_subtree): the first n are the tree of budget n
+        self.needs = Needs(features=True, best_first=True, target=head.tree_target)
 
     def _log_probs(self, f: torch.Tensor) -> torch.Tensor:
         """Draft log-probabilities (..., Vd) over the draft vocabulary from the head's outputs (..., D)."""
         return self.readout(self.head.readout_input(f)).float().log_softmax(-1)
-
-    def tree_target(self, target):
-        return self.head.tree_target(target)
 
     def start(self, prompt_ids, features=None):
         self.tokens = prompt_ids.tolist()
@@ -80,7 +77,7 @@ class EagleDrafter(Drafter):
         self.n_pairs = 0                                                                # committed pairs accounted for
         self.skipped = 0                                                                # of them, never read (window)
 
-    def commit(self, n_cached, features=None):
+    def commit(self, n_cached, features=None, verdict=None):
         self.pending.append(features)              # kept until the next proposal reads them (no copy of them all)
         self.n_features += features.shape[0]
 

@@ -27,6 +27,7 @@ A long catch-up (the prompt, or a window's) runs eagerly at its own length.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -58,8 +59,6 @@ class DeviceEagleDrafter(EagleDrafter):
         CompiledTreeDecoder(target, drafter, max_len=1024, compile="blocks", cuda_graph=True).generate(ids, 256)
     """
 
-    drafts_on_device = True
-
     def __init__(self, head: FeatureHead, target: Transformer, draft_vocab: torch.Tensor | None = None,
                  top_k: int = 8, depth: int = 6, window: int | None = None, sinks: int = 4,
                  compile: bool | str = False, cuda_graph: bool = False, compile_backend: str = "inductor",
@@ -69,6 +68,7 @@ class DeviceEagleDrafter(EagleDrafter):
         once as a CUDA graph (the target on a CUDA device); max_len: the longest sequence it drafts for (default the
         target's context), what its cache holds besides a tree: every forward reads all of its slots."""
         super().__init__(head, target, draft_vocab, top_k, depth, window, sinks)
+        self.needs = replace(self.needs, device="tree")        # propose_on_device: the compiled tree loop's protocol
         if cuda_graph and target.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs the target on a CUDA device; use cuda_graph=False on "
                              f"{target.device.type}")

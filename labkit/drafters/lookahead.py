@@ -17,7 +17,7 @@ Each step proposes one tree, verified by the tree decoder in one target forward:
 2. Lookahead branch: the window itself. Each cell's attention is exactly its ancestors in a tree
    (level 0 is a chain from the root, each column hangs off its level-0 cell), so the window is
    just more tree nodes with the usual tree mask and positions; identical paths share a node.
-3. The target's verdict on every node (`verdict`): the tokens after the newest level's cells are
+3. The target's verdict on every node (commit's `verdict`): the tokens after the newest level's cells are
    the next Jacobi iteration. Every column gives an n-gram for the pool; the levels shift up.
 4. Commit: after s committed tokens the root moved s places, so the window slides s-1 columns
    left (one place is the level shift) and the freed columns take tokens of the context.
@@ -36,7 +36,7 @@ import torch
 
 from ..core.sampling import SamplingConfig
 from ..core.tree import Tree
-from .base import Drafter, Proposal
+from .base import Drafter, Needs, Proposal
 
 
 class NGramPool:
@@ -77,7 +77,7 @@ class _TrieBuilder:
 class LookaheadDrafter(Drafter):
     """Lookahead decoding: a Jacobi window of W columns and N-1 levels, and an n-gram pool of up to G per key."""
     name = "lookahead"
-    reads_verdict = True
+    needs = Needs(verdict=True)
 
     def __init__(self, window: int = 5, ngram: int = 4, max_verify: int = 5, pool_from_prompt: bool = False,
                  seed: int = 0):
@@ -141,8 +141,9 @@ class LookaheadDrafter(Drafter):
             return Proposal.empty(tokens)
         return Proposal(torch.tensor(tree.tokens), tree=Tree(torch.tensor(tree.parents)))
 
-    def verdict(self, next_tokens: torch.Tensor) -> None:
-        """3. One Jacobi iteration: the target's token after each newest-level cell; harvest n-grams, shift levels."""
+    def iterate(self, next_tokens: torch.Tensor) -> None:
+        """3. One Jacobi iteration from the verdict (1+N,): the target's token after each newest-level cell; harvest
+        n-grams, shift levels."""
         if self.cells is None:
             return
         new = next_tokens[1 + self.cells[-1]]                             # (W,) the next guess of every column
@@ -151,8 +152,11 @@ class LookaheadDrafter(Drafter):
             self.pool.add(column[0], tuple(column[1:]))
         self.window = trajectories[1:]                                    # (N-1, W) level j <- level j+1
 
-    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
-        """4. Slide the window with the root: s committed tokens move it s places, one of them the level shift."""
+    def commit(self, n_cached: int, features: torch.Tensor | None = None, verdict: torch.Tensor | None = None) -> None:
+        """3. iterate on the verdict, then 4. slide the window with the root: s committed tokens move it s places,
+        one of them the level shift."""
+        if verdict is not None:
+            self.iterate(verdict)
         shift = n_cached - (len(self.context) - 1) - (1 if self.cells is not None else 0)
         if shift > 0:
             keep = self.window[:, min(shift, self.W):]                    # (N-1, W-shift)

@@ -16,7 +16,7 @@ from ..core.sampling import SamplingConfig
 from ..core.tree import Tree
 from ..models.cuda_graph import capture_graph
 from ..models.medusa_heads import MedusaHeads
-from .base import Drafter, Proposal
+from .base import Drafter, Needs, Proposal
 
 
 # --- the static tree --------------------------------------------------------------------------------
@@ -89,8 +89,8 @@ class MedusaDrafter(Drafter):
         # medusa_tree's list is best first (each prefix is the best tree of its size): the tree keeps that order,
         # so the first n nodes of a proposal are the tree of budget n. A hand-written list in another order is
         # sorted by depth, which is prefix-closed but not best first.
-        self.best_first = _prefix_ordered(choices)
-        if not self.best_first:
+        best_first = _prefix_ordered(choices)
+        if not best_first:
             choices = sorted(set(choices), key=lambda c: (len(c), c))
         Tree.from_choices(choices)                  # validates: non-empty, prefix-closed
         if max(len(c) for c in choices) > heads.n_heads:
@@ -98,7 +98,7 @@ class MedusaDrafter(Drafter):
                              f"{heads.n_heads} heads: drop the deeper paths or load more heads")
         self.heads, self.choices = heads, choices
         self.name = f"medusa{heads.n_heads}"
-        self.reads_features = True
+        self.needs = Needs(features=True, best_first=best_first)
         self.last_feature: torch.Tensor | None = None        # (D,) feature of the last cached position
         self._trees: dict[tuple[int, str], tuple[Tree, torch.Tensor, torch.Tensor]] = {}
         self._graphs: dict[int, tuple] = {}                   # k: (feature buffer, CUDA graph, its outputs)
@@ -106,7 +106,7 @@ class MedusaDrafter(Drafter):
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         self.last_feature = features[-1] if features is not None and features.shape[0] else None
 
-    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
+    def commit(self, n_cached: int, features: torch.Tensor | None = None, verdict: torch.Tensor | None = None) -> None:
         if features is not None and features.shape[0]:
             self.last_feature = features[-1]
 

@@ -20,12 +20,12 @@ import torch
 from ..core.sampling import SamplingConfig
 from ..models.adapters import MTPVerifier
 from ..models.mtp import MTPModel
-from .base import Drafter, Proposal, draft_chain
+from .base import Drafter, Needs, Proposal, draft_chain
 
 
 class MTPDrafter(Drafter):
     """Drafts up to n-1 tokens, one head (or module) after the other, from the last committed position."""
-    best_first = True                   # a chain
+    needs = Needs(best_first=True)      # a chain
 
     def __init__(self, verifier: MTPVerifier):
         self.verifier, self.model = verifier, verifier.model
@@ -75,7 +75,7 @@ class DeepSeekDrafter(MTPDrafter):
         self.module_hidden[k][first:p + 1] = h
         return self.model.module_logits(k, h[-1])                                          # (V,)
 
-    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
+    def commit(self, n_cached: int, features: torch.Tensor | None = None, verdict: torch.Tensor | None = None) -> None:
         """Module k keeps position i only while token i+k+1 is among the first n_cached (committed) tokens."""
         for k, cache in enumerate(self.module_caches):
             cache.truncate(max(0, min(cache.length, n_cached - k - 1)))

@@ -10,8 +10,8 @@ caching, llama.cpp's prompt cache). A position's keys and values depend only on 
 draft's cache holds what reading the whole prompt puts there. Only the draft's reading changes: the target
 still reads its whole prompt and verifies every token, so the output stays the target's.
 
-    opening = chat_opening(tokenizer)                          # (24,) for Qwen2.5's template
-    drafter = DraftModelDrafter(draft.model, opening=opening)  # each prompt: reads only what follows it
+    opening = chat_opening(tokenizer)                                    # (24,) for Qwen2.5's template
+    drafter = DraftModelDrafter(OpeningCopied(draft.model, opening))     # each prompt: reads only what follows it
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import weakref
 import torch
 
 from ..models.kv_cache import KVCache
+from .reading import DraftWrapper
 
 # Each draft model's openings, read once: model -> {ids: (keys, values)}, shared by every drafter of the model (the
 # bench makes a drafter per request).
@@ -82,3 +83,19 @@ class Opening:
         cache.v[:, :, :, :n] = v
         cache.advance(n)
         return n
+
+
+class OpeningCopied(DraftWrapper):
+    """A draft model that copies the keys and values of `ids` (n,), read once, into the cache of each prompt that
+    starts with them, and reads only the rest."""
+
+    def __init__(self, model, ids: torch.Tensor):
+        super().__init__(model)
+        self.opening = Opening(self.model, ids)
+
+    def prepare(self, prompt_ids: torch.Tensor, cache) -> None:
+        self.inner.prepare(prompt_ids, cache)
+        self.opening.fill(cache, prompt_ids[:-1])
+
+    def choices(self) -> list[str]:
+        return self.inner.choices() + [f"the draft copied in the {len(self.opening)}-token opening it read once"]

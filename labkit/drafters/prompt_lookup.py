@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 
 from ..core.sampling import SamplingConfig
-from .base import Drafter, Proposal
+from .base import Drafter, Needs, Proposal
 
 
 class PromptLookupDrafter(Drafter):
     name = "lookup"
-    best_first = True                   # a chain: its first n tokens are the chain it drafts with k = n
+    needs = Needs(best_first=True)      # a chain: its first n tokens are the chain it drafts with k = n
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

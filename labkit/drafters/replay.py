@@ -21,7 +21,7 @@ from ..core.adaptive import GammaPolicy
 from ..core.sampling import SamplingConfig
 from ..core.tree import Tree
 from ..core.tree_budget import FixedBudget
-from .base import Drafter, Proposal
+from .base import Drafter, Needs, Proposal
 
 
 class ReplayDrafter(Drafter):
@@ -174,11 +174,13 @@ class PacedDrafter(Drafter):
     features when `paced_by` does (and passes them on)."""
 
     def __init__(self, tokens_from: Drafter, paced_by: Drafter):
-        if not isinstance(paced_by, Drafter) or paced_by.reads_verdict:
+        if not isinstance(paced_by, Drafter) or paced_by.needs.verdict:
             raise ValueError(f"paced_by must be a Drafter that does not read the verdict (its propose sets the cost), "
                              f"got {type(paced_by).__name__}")
         self.tokens_from, self.paced_by = tokens_from, paced_by
-        self.reads_features, self.samples_tokens = paced_by.reads_features, tokens_from.samples_tokens
+        pacing = paced_by.needs          # its features and target; on the device only as a draft model
+        self.needs = Needs(features=pacing.features, samples_tokens=tokens_from.needs.samples_tokens,
+                           target=pacing.target, device="model" if pacing.device == "model" else None)
         self.name = f"{tokens_from.name}@{paced_by.name}-cost"
 
     def check_target(self, target) -> None:
@@ -186,13 +188,10 @@ class PacedDrafter(Drafter):
         self.paced_by.check_target(target)
 
     def device_parts(self) -> tuple:
-        """Paced by a draft model: the compiled loop runs that model on the device for its cost and reads the
-        tokens of `tokens_from` on the host; paced by anything else, the whole drafter runs on the host."""
+        """Paced by a draft model (decoding/compiled.py's protocol): the compiled loop runs that model on the device
+        for its cost and reads the tokens of `tokens_from` on the host."""
         model, host = self.paced_by.device_parts()
         return (model, self.tokens_from) if model is not None and host is None else (None, self)
-
-    def tree_target(self, target):
-        return self.paced_by.tree_target(target)          # the features the pacing drafter reads (EAGLE-3's taps)
 
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None = None) -> None:
         self.tokens_from.start(prompt_ids)
@@ -200,7 +199,7 @@ class PacedDrafter(Drafter):
 
     def cost(self, tokens: torch.Tensor, n: int, sampling: SamplingConfig, generator=None) -> None:
         """Run the pacing drafter's drafting of n nodes, its tokens ignored (a device drafter's left unread)."""
-        if self.paced_by.drafts_on_device:
+        if self.paced_by.needs.device == "tree":
             self.paced_by.propose_on_device(tokens, n)
         else:
             self.paced_by.propose(tokens, n, sampling, generator)
@@ -220,6 +219,6 @@ class PacedDrafter(Drafter):
             self.cost(tokens, proposal.k, sampling, generator)
         return proposal
 
-    def commit(self, n_cached: int, features: torch.Tensor | None = None) -> None:
+    def commit(self, n_cached: int, features: torch.Tensor | None = None, verdict: torch.Tensor | None = None) -> None:
         self.tokens_from.commit(n_cached)
         self.paced_by.commit(n_cached, features)

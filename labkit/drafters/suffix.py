@@ -34,7 +34,7 @@ import torch
 
 from ..core.sampling import SamplingConfig
 from ..core.tree import Tree
-from .base import Drafter, Proposal
+from .base import Drafter, Needs, Proposal
 
 
 class _Node:
@@ -131,7 +131,7 @@ def speculate(node: _Node, max_nodes: int, max_depth: int, min_prob: float) -> t
 class SuffixDrafter(Drafter):
     """Suffix decoding: a tree of the likeliest continuations of the longest matching suffix (no model)."""
     name = "suffix"
-    best_first = True                   # grown best first: the first n nodes are the tree of budget n
+    needs = Needs(best_first=True)      # grown best first: the first n nodes are the tree of budget n
 
     def __init__(self, max_pattern: int = 12, max_depth: int = 16, spec_factor: float = 2.0, min_prob: float = 0.1,
                  remember: bool = False):

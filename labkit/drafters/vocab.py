@@ -12,6 +12,10 @@ The ranking comes from counting the tokens of chat (ShareGPT V3, every language)
 standard library) with the model's tokenizer: data/vocab/<family>/token_ranks.pt, made by
 scripts/token_frequency.py, with its provenance. `frequent_tokens(k, vocab_size)` gives its first k ids.
 
+    drafter = DraftModelDrafter(CutVocab(draft.model, 32768))    # the 32,768 most frequent ids, and the prompt's
+
+`CutVocab` wraps the draft model (drafters/reading.py) with a `VocabHead`:
+
     head = VocabHead(draft.model, frequent_tokens(32768, draft.model.vocab_size))
     head.extend(prompt_ids)              # and the prompt's own ids, whatever their rank
     logits = head.spread(head(h))        # (V,): the head's rows at its ids, -inf elsewhere
@@ -26,6 +30,7 @@ import torch.nn as nn
 
 from ..files.shipped import shipped
 from ..models.backends import rows_of
+from .reading import DraftWrapper
 
 # vocab="auto" (the CLI's and the bench's default): the 32,768 most frequent ids where a ranking is shipped for the
 # draft's vocabulary. Read off the step time and speedup against the size (scripts/draft_vocab.py,
@@ -122,3 +127,37 @@ class VocabHead(nn.Module):
         out = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
         out[..., self.scored.to(logits.device)] = logits
         return out
+
+
+class CutVocab(DraftWrapper):
+    """A draft model that scores only `vocab` (as_ids: a count of the most frequent ids, "auto", or the ids), the ids
+    in `always` (the end-of-sequence ids) and each prompt's own: a cheaper step that never proposes a rarer token;
+    the target's verify keeps the output exact."""
+
+    def __init__(self, model, vocab: int | str | torch.Tensor, always: tuple[int, ...] = ()):
+        super().__init__(model)
+        ids = as_ids(vocab, self.model.vocab_size, tuple(sorted(always)))
+        if ids is None:
+            raise ValueError(f"vocab={vocab!r} means every id here (no ranking is shipped for a vocabulary of "
+                             f"{self.model.vocab_size:,}): leave the draft model unwrapped (with_vocab does)")
+        self.head = VocabHead(self.model, ids)
+
+    def prepare(self, prompt_ids: torch.Tensor, cache) -> None:
+        self.head.extend(prompt_ids)                                    # and the prompt's ids
+        self.inner.prepare(prompt_ids, cache)
+
+    def logits(self, tokens: torch.Tensor, cache) -> torch.Tensor:
+        """Read `tokens` (n,); the logits (V,) of the head's ids, -inf elsewhere, on the host."""
+        h = self.model.hidden(tokens[None], cache)[0, -1:]                  # (1, D)
+        return self.head.spread(self.head(h)[0].cpu())
+
+    def choices(self) -> list[str]:
+        return self.inner.choices() + [f"the draft scored {self.head.scored.numel():,} of its "
+                                       f"{self.model.vocab_size:,} token ids"]
+
+
+def with_vocab(model, vocab: int | str | torch.Tensor | None, always: tuple[int, ...] = ()):
+    """`model` in a CutVocab, or as it is where `vocab` means every id (None, or "auto" without a shipped ranking)."""
+    if vocab is None or (isinstance(vocab, str) and vocab == "auto" and auto_vocab(model.vocab_size) is None):
+        return model
+    return CutVocab(model, vocab, always)

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 import torch
 
 from ..core.adaptive import VerifyCurve, expected_speedup
+from .reading import DraftWrapper
 
 SAVING = 0.3           # target steps a whole-context draft is taken to save per new token (measured: 0.45)
-# The window a draft falls back to where reading the whole prompt does not pay (a DraftModelDrafter made by hand
-# reads the whole context unless given a window): read off the acceptance and speed against the window on long prompts,
+# The window a draft falls back to where reading the whole prompt does not pay (a draft model not wrapped in
+# Windowed reads the whole context): read off the acceptance and speed against the window on long prompts,
 # measured by scripts/draft_window.py (data/bench/draft_window*.md).
 DEFAULT_WINDOW = 64
 # The acceptance rate of a draft that reads the whole prompt where it copies from it: the most saving `most_saving`
@@ -147,3 +148,53 @@ class AutoWindow:
         step_ms = self.prices.draft_step_seconds * 1e3
         return (f"; less than {self.saving:g} because its own step costs {step_ms:.1f} ms: "
                 f"drafting saves no more even with {COPY_ALPHA:g} of its tokens accepted")
+
+
+class Windowed(DraftWrapper):
+    """A draft model that reads the context's first `sinks` tokens (attention sinks) and its last `window`, at
+    contiguous positions, as StreamingLLM (Xiao et al. 2024) and TriForce (Sun et al. 2024) keep a draft's cache: its
+    prefill and each step cost the same whatever the prompt's length. Once the tokens past the sinks reach 2W it
+    starts a fresh window of the last W (one draft forward over W tokens, every W committed tokens). The target still
+    verifies against the whole context, so the output is exactly the target's; only how often the draft is right can
+    change. With an AutoWindow the window is chosen per prompt from this machine's costs (None: the whole context)."""
+
+    def __init__(self, model, window: int | AutoWindow, sinks: int = 4):
+        super().__init__(model)
+        self.auto = window if isinstance(window, AutoWindow) else None
+        if self.auto is not None:
+            window, sinks = self.auto.window, self.auto.sinks
+        for name, value, least, what in (
+                ("window", window, 1, "tokens the draft reads, or an AutoWindow; the whole context: no Windowed"),
+                ("sinks", sinks, 0, "the context's first tokens the draft keeps")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least} ({what}), got {value!r}")
+        self.window, self.sinks = window, sinks
+        self.skipped = 0            # committed tokens between the sinks and the window that the cache left out
+
+    def prepare(self, prompt_ids: torch.Tensor, cache) -> None:
+        """A new sequence: nothing skipped yet; an AutoWindow picks this prompt's window (None: read it all)."""
+        self.skipped = 0
+        if self.auto is not None:
+            self.window = self.auto.choose(prompt_ids.numel())
+        self.inner.prepare(prompt_ids, cache)
+
+    def unseen(self, tokens: torch.Tensor, cache) -> torch.Tensor:
+        """The committed tokens (n,) the draft has not read yet; a fresh window started when due."""
+        held = cache.length + self.skipped                                      # committed tokens accounted for
+        if self.window is not None and len(tokens) - min(len(tokens), self.sinks) - self.skipped > 2 * self.window:
+            kept = min(cache.length, self.sinks)
+            cache.truncate(kept)
+            self.skipped = len(tokens) - self.sinks - self.window
+            return torch.cat([tokens[kept:self.sinks], tokens[-self.window:]])   # sinks, then the last W
+        return tokens[held:]
+
+    def commit(self, cache, n_cached: int) -> None:
+        if n_cached - self.skipped < self.sinks and self.skipped:    # rolled back into the skipped stretch: restart
+            cache.truncate(min(cache.length, self.sinks, n_cached))
+            self.skipped = 0
+        cache.truncate(min(cache.length, n_cached - self.skipped))
+
+    def choices(self) -> list[str]:
+        said = [] if self.window is None else \
+            [f"the draft read at most the first {self.sinks} and the last {self.window} tokens of the context"]
+        return self.inner.choices() + said
